@@ -1,0 +1,56 @@
+"""Noise-level embeddings for the ``c_noise`` input of a network.
+
+* Fourier features (Tancik et al. 2020; used by NCSN++ in Song et al. 2021):
+  ``[cos(2 pi w c), sin(2 pi w c)]`` with fixed random frequencies ``w ~ N(0, scale^2)``.
+* Positional (Transformer sinusoidal; Ho et al. 2020, used by DDPM++):
+  ``[cos(c f_k), sin(c f_k)]`` with ``f_k = max_positions^(-k / (dim/2))``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+class FourierEmbedding(nnx.Module):
+    """``c: [batch] -> [batch, dim]``; the frequencies are fixed (not trained)."""
+
+    def __init__(self, dim: int, scale: float = 16.0, *, rngs: nnx.Rngs):
+        if dim % 2:
+            raise ValueError(f"model.emb_dim must be even; got {dim}")
+        # Stored as a Param so the model is one parameter pytree, but never trained:
+        # the forward pass stops its gradient, so Adam's update for it is exactly 0.
+        self.freqs = nnx.Param(jax.random.normal(rngs.params(), (dim // 2,)) * scale)
+
+    def __call__(self, c):
+        arg = 2 * math.pi * c[:, None] * jax.lax.stop_gradient(self.freqs[...])[None, :]
+        return jnp.concatenate([jnp.cos(arg), jnp.sin(arg)], axis=-1)
+
+
+class PositionalEmbedding(nnx.Module):
+    """``c: [batch] -> [batch, dim]`` sinusoidal embedding (no parameters)."""
+
+    def __init__(self, dim: int, max_positions: float = 10000.0, scale: float = 1000.0):
+        if dim % 2:
+            raise ValueError(f"model.emb_dim must be even; got {dim}")
+        self.dim = dim
+        self.max_positions = max_positions
+        self.scale = scale
+
+    def __call__(self, c):
+        half = self.dim // 2
+        f = jnp.exp(-math.log(self.max_positions) * jnp.arange(half) / half)
+        arg = (self.scale * c)[:, None] * f[None, :]
+        return jnp.concatenate([jnp.cos(arg), jnp.sin(arg)], axis=-1)
+
+
+def make_embedding(kind: str, dim: int, *, rngs: nnx.Rngs):
+    """``kind`` in ``{'fourier', 'positional'}``; raises ``ValueError`` otherwise."""
+    if kind == "fourier":
+        return FourierEmbedding(dim, rngs=rngs)
+    if kind == "positional":
+        return PositionalEmbedding(dim)
+    raise ValueError(f"model.embedding must be one of ['fourier', 'positional']; got {kind!r}")

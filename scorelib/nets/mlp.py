@@ -1,0 +1,64 @@
+"""MLP network ``F(x, c_noise)`` for vector (or flattened small image) data."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from scorelib.nets.embeddings import make_embedding
+
+
+class MLP(nnx.Module):
+    """A residual-free MLP conditioned on the noise embedding by addition.
+
+    ``x: [batch, *data_shape]`` is flattened, embedded with the noise level, passed
+    through ``depth`` SiLU layers of ``width`` units, and mapped back to
+    ``[batch, *data_shape]``. The last layer is zero-initialised, so an
+    EDM-preconditioned model starts at ``D(x) = c_skip x``.
+
+    Args:
+      data_shape: shape of one example (e.g. ``(2,)`` or ``(8, 8, 1)``).
+      width, depth: hidden units per layer and number of hidden layers (>= 1).
+      emb_dim: size of the noise embedding; ``embedding`` is ``'fourier'`` or ``'positional'``.
+      dropout: dropout rate in [0, 1) applied after each hidden layer when training.
+
+    Raises:
+      ValueError: for non-positive sizes or a dropout rate outside [0, 1).
+    """
+
+    def __init__(
+        self,
+        data_shape,
+        width: int = 256,
+        depth: int = 4,
+        emb_dim: int = 64,
+        embedding: str = "fourier",
+        dropout: float = 0.0,
+        *,
+        rngs: nnx.Rngs,
+    ):
+        if width < 1 or depth < 1:
+            raise ValueError(f"model.width and model.depth must be >= 1; got {width}, {depth}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"model.dropout must be in [0, 1); got {dropout}")
+        self.data_shape = tuple(data_shape)
+        d = math.prod(self.data_shape)
+        self.embed = make_embedding(embedding, emb_dim, rngs=rngs)
+        self.emb_in = nnx.Linear(emb_dim, width, rngs=rngs)
+        self.x_in = nnx.Linear(d, width, rngs=rngs)
+        self.hidden = nnx.List([nnx.Linear(width, width, rngs=rngs) for _ in range(depth)])
+        self.out = nnx.Linear(width, d, kernel_init=nnx.initializers.zeros, rngs=rngs)
+        self.dropout = nnx.Dropout(dropout)
+
+    def __call__(self, x, c_noise, *, rngs: nnx.Rngs | None = None):
+        """``x: [batch, *data_shape]``, ``c_noise: [batch]``; ``rngs`` enables dropout."""
+        b = x.shape[0]
+        h = self.x_in(jnp.reshape(x, (b, -1))) + self.emb_in(self.embed(c_noise))
+        for layer in self.hidden:
+            h = layer(jax.nn.silu(h))
+            if rngs is not None:
+                h = self.dropout(h, rngs=rngs, deterministic=False)
+        return jnp.reshape(self.out(jax.nn.silu(h)), x.shape)

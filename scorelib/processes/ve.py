@@ -1,0 +1,77 @@
+"""The variance-exploding process of score SDE (Song et al., ICLR 2021, eq. 30)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax.numpy as jnp
+
+from scorelib.processes.base import Process, _require, broadcast_to_data, register
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class VE(Process):
+    """``x_t = x_0 + sigma(t) eps``, ``sigma(t) = sigma_min (sigma_max / sigma_min)^t``.
+
+    ``t`` in ``[eps, 1]``. Forward SDE ``dx = sigma(t) sqrt(2 ln(sigma_max/sigma_min)) dw``,
+    so that ``d sigma(t)^2 / dt = g(t)^2``.
+
+    Raises:
+      ValueError: unless ``0 < sigma_min < sigma_max`` and ``0 <= eps < 1``.
+    """
+
+    sigma_min: float = 0.01
+    sigma_max: float = 50.0
+    eps: float = 1e-5
+
+    def __post_init__(self):
+        _require(self.sigma_min > 0, "process.sigma_min", "> 0", self.sigma_min)
+        _require(
+            self.sigma_max > self.sigma_min,
+            "process.sigma_max",
+            f"> process.sigma_min = {self.sigma_min}",
+            self.sigma_max,
+        )
+        _require(0 <= self.eps < 1, "process.eps", "in [0, 1)", self.eps)
+
+    @property
+    def t_min(self) -> float:
+        return self.eps
+
+    @property
+    def t_max(self) -> float:
+        return 1.0
+
+    @property
+    def _log_ratio(self) -> float:
+        return math.log(self.sigma_max / self.sigma_min)
+
+    def alpha(self, t):
+        return jnp.ones_like(jnp.asarray(t, dtype=jnp.result_type(t, jnp.float32)))
+
+    def sigma(self, t):
+        return self.sigma_min * jnp.exp(jnp.asarray(t) * self._log_ratio)
+
+    def log_snr(self, t):
+        return -2.0 * (math.log(self.sigma_min) + jnp.asarray(t) * self._log_ratio)
+
+    def t_of_log_snr(self, log_snr):
+        return (-0.5 * jnp.asarray(log_snr) - math.log(self.sigma_min)) / self._log_ratio
+
+    def t_of_sigma(self, sigma):
+        return (jnp.log(sigma) - math.log(self.sigma_min)) / self._log_ratio
+
+    def ve_sigma(self, t):
+        return self.sigma(t)
+
+    def t_of_ve_sigma(self, ve_sigma):
+        return self.t_of_sigma(ve_sigma)
+
+    def sde(self, x, t):
+        g = self.sigma(t) * math.sqrt(2.0 * self._log_ratio)
+        return jnp.zeros_like(x), broadcast_to_data(g, x)
+
+    def prior_std(self) -> float:
+        return float(self.sigma_max)

@@ -1,0 +1,83 @@
+"""The score-source interface and the Tweedie conversions, written once.
+
+A score source answers ``score(x, t) = grad_x log p_t(x)`` and, equivalently,
+the denoiser ``D(x, t) = E[x_0 | x_t = x]``. Tweedie's formula links them
+(Efron 2011; Karras et al. 2022, eq. 3 generalised to ``alpha != 1``)::
+
+    score(x, t) = (alpha(t) D(x, t) - x) / sigma(t)^2
+    D(x, t)     = (x + sigma(t)^2 score(x, t)) / alpha(t)
+
+A source subclasses :class:`ScoreSource` and implements *one* of ``denoiser``
+or ``score``; the other comes from the conversion. Sources are flax
+``PyTreeNode`` dataclasses: their arrays are pytree leaves, their process is
+static, so a source can be passed as an argument into ``jax.jit``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+from flax import struct
+
+from scorelib.processes.base import Process, broadcast_to_data
+
+Array = Any
+
+
+def check_time_shape(x: Array, t: Array) -> None:
+    """Raise ``ValueError`` unless ``t`` is a scalar or ``[batch]`` matching ``x: [batch, ...]``."""
+    broadcast_to_data(t, x)
+
+
+def score_from_denoiser(process: Process, x: Array, t: Array, denoised: Array) -> Array:
+    """Tweedie: ``score = (alpha(t) D - x) / sigma(t)^2``.
+
+    Args:
+      process: the noise process.
+      x: ``[batch, *data_shape]`` noisy input ``x_t``.
+      t: scalar or ``[batch]`` process time.
+      denoised: ``[batch, *data_shape]`` the denoiser output ``D(x, t)``.
+
+    Returns:
+      ``[batch, *data_shape]``, the score in units of 1/data.
+    """
+    a = broadcast_to_data(process.alpha(t), x)
+    s = broadcast_to_data(process.sigma(t), x)
+    return (a * denoised - x) / s**2
+
+
+def denoiser_from_score(process: Process, x: Array, t: Array, score: Array) -> Array:
+    """Tweedie: ``D = (x + sigma(t)^2 score) / alpha(t)``; shapes as in :func:`score_from_denoiser`."""
+    a = broadcast_to_data(process.alpha(t), x)
+    s = broadcast_to_data(process.sigma(t), x)
+    return (x + s**2 * score) / a
+
+
+class ScoreSource(struct.PyTreeNode):
+    """Anything that gives ``score(x, t)`` and ``denoiser(x, t)`` under a process.
+
+    Subclasses implement :meth:`denoiser` or :meth:`score` (or both).
+
+    Every method takes ``x: [batch, *data_shape]`` and ``t`` a scalar or
+    ``[batch]`` and returns an array of the shape of ``x``.
+    """
+
+    process: Process = struct.field(pytree_node=False)
+
+    def denoiser(self, x: Array, t: Array) -> Array:
+        """Posterior mean ``E[x_0 | x_t = x]`` in data units."""
+        if type(self).score is ScoreSource.score:
+            raise NotImplementedError(f"{type(self).__name__} implements neither score nor denoiser")
+        return denoiser_from_score(self.process, x, t, self.score(x, t))
+
+    def score(self, x: Array, t: Array) -> Array:
+        """``grad_x log p_t(x)`` in units of 1/data."""
+        if type(self).denoiser is ScoreSource.denoiser:
+            raise NotImplementedError(f"{type(self).__name__} implements neither score nor denoiser")
+        return score_from_denoiser(self.process, x, t, self.denoiser(x, t))
+
+
+def flatten(x: Array) -> Array:
+    """``[batch, *data_shape] -> [batch, d]``."""
+    return jnp.reshape(x, (x.shape[0], -1))
