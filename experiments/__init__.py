@@ -1,0 +1,1 @@
+"""Hydra entry points: train, sample, evaluate, reproduce. Thin: no maths here."""

@@ -1,0 +1,65 @@
+"""Sample from a trained run: ``python -m experiments.sample run_dir=<run> [sampler=dpmpp_2m sampler.steps=10]``.
+
+Rebuilds the model from the run's ``config.yaml``, restores its latest checkpoint (a
+checkpoint from a different model config is refused with a clear error), and writes
+``<run>/samples/<sampler>_<steps>_seed<seed>/samples.{npz,json,png}``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+import jax
+from omegaconf import DictConfig, OmegaConf
+
+from experiments import train
+from experiments.common import clean_errors
+from experiments.schema import register_configs
+from scorelib import training
+
+register_configs()
+
+
+def load_run(run_dir: str | Path, sampler_cfg: DictConfig | None = None):
+    """The ``train.Run`` of a run directory (optionally with another sampler) and its latest state.
+
+    Raises:
+      FileNotFoundError: no ``config.yaml`` or no checkpoint in ``run_dir``.
+      ValueError: the checkpoint does not match the run's model config.
+    """
+    run_dir = Path(run_dir)
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"{cfg_path}: not found; run_dir must be a training run directory")
+    cfg = OmegaConf.load(cfg_path)
+    if sampler_cfg is not None:
+        cfg.sampler = sampler_cfg
+    run = train.setup(cfg)
+    ckpt = train.checkpointer(run, run_dir)
+    try:
+        if ckpt.latest_step() is None:
+            raise FileNotFoundError(f"{run_dir / 'checkpoints'}: no checkpoint to sample from")
+        state = ckpt.restore_latest(training.abstract_state(run.state))
+    finally:
+        ckpt.close()
+    return run, state
+
+
+@clean_errors
+def run_sampling(cfg: DictConfig) -> Path:
+    run, state = load_run(cfg.run_dir, cfg.sampler)
+    params = state.ema_params if cfg.use_ema else state.params
+    out = train.sample_and_save(run, params, Path(cfg.run_dir) / "samples", step=int(state.step))
+    print(f"samples: {out}")
+    return out
+
+
+@hydra.main(config_path="../configs", config_name="sample", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    jax.config.update("jax_default_matmul_precision", "highest")
+    run_sampling(cfg)
+
+
+if __name__ == "__main__":
+    main()
