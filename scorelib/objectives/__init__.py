@@ -2,7 +2,18 @@
 
 from scorelib.objectives.base import Objective, reduce_per_example
 from scorelib.objectives.dsm import DSM, EDMLoss
+from scorelib.objectives.tsm import KAPPAS, TSM, MixedScoreMatching, kappa_schedule
 
-OBJECTIVES = {"dsm": DSM, "edm": EDMLoss}
+OBJECTIVES = {"dsm": DSM, "edm": EDMLoss, "tsm": TSM, "mixed": MixedScoreMatching}
 
-__all__ = ["Objective", "DSM", "EDMLoss", "OBJECTIVES", "reduce_per_example"]
+__all__ = [
+    "Objective",
+    "DSM",
+    "EDMLoss",
+    "TSM",
+    "MixedScoreMatching",
+    "KAPPAS",
+    "kappa_schedule",
+    "OBJECTIVES",
+    "reduce_per_example",
+]
