@@ -32,7 +32,8 @@ key is reused (the start draw uses ``fold_in(k_b, 0)``).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp

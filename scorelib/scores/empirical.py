@@ -79,7 +79,8 @@ class EmpiricalScore(ScoreSource):
                    data_shape=tuple(x.shape[1:]), chunk=chunk)
 
     def _softmax_stats(self, x, t):
-        """Online softmax over the training set: ``(max logit [b], sum [b], weighted sum [b, d])``."""
+        """Online softmax over the training set: ``(max logit [b], sum [b], weighted sum [b, d])``.
+        """
         check_time_shape(x, t)
         process = self.process
         xf = flatten(x)

@@ -1,0 +1,532 @@
+"""Table ``gaussian_teleport``: the Gaussian score approximation and analytical teleportation
+(Wang & Vastola, TMLR 2024) on the 8x8 digits and the 5k MNIST subset.
+
+``python -m experiments.reproduce table=gaussian_teleport [table.checkpoint=<digits run dir>]
+[table.mnist_checkpoint=<mnist run dir>] [table.scale=smoke]``
+
+For each data set (a trained EDM network ``s_net``, its training split, its test split):
+
+(a) The fraction of the learned score explained by an approximation,
+    ``1 - sum ||s_net - s_approx||^2 / sum ||s_net||^2`` over ``n_points`` query points
+    ``x = alpha (x_0 + sigma eps)`` with ``x_0`` from the *test* split, at every positive
+    sigma of the EDM N = 18 grid, for: the Gaussian fitted to the training split (full
+    rank), a 10-component k-means Gaussian mixture, and the exact score of the training
+    set (the delta mixture). Paper (Sec. 4-5, Fig. 2-3): the Gaussian explains the network
+    at moderate and high sigma; the mixture beats the exact training-set score at low sigma.
+(b) Teleportation: skips ``k`` on the EDM Heun N = 18 grid and on DPM-Solver++(2M) grids
+    of 10 and 20 steps: the sigma jumped to, the NFE, and the classifier-feature Fréchet
+    distance (FD_digits / FD_mnist, :mod:`scorelib.metrics.classifier`) of
+    ``num_samples`` samples against the test split, mean and std over the sampling seeds.
+    The summary states the largest skip whose mean FD stays within one standard deviation
+    (of the k = 0 seeds) of k = 0, for every skip up to it, and the NFE fraction it saves
+    (paper: 15-30%, FID 1.93 on CIFAR-10).
+
+Models: ``table.checkpoint`` / ``table.mnist_checkpoint`` name training run directories
+(``python -m experiments.train ...``); when null the table trains the model itself with
+``experiments.train``'s own setup and ``scorelib.training`` into ``<run dir>/models/<data>``
+(re-running the table resumes or reuses it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from scorelib.samplers import dpmpp_2m, edm_grid, heun
+from scorelib.samplers.teleport import teleport
+from scorelib.scores import (
+    EmpiricalScore,
+    ScoreSource,
+    fit_gaussian,
+    fit_kmeans_mixture,
+    gaussian_flow,
+)
+
+SAMPLER_FNS = {"heun": heun, "dpmpp_2m": dpmpp_2m}
+PAPER = "Wang & Vastola, TMLR 2024 (arXiv 2412.09726)"
+
+
+# --------------------------------------------------------------------------- models
+def _compose_train_cfg(overrides: list[str]) -> DictConfig:
+    """The ``experiments.train`` config for ``overrides`` (Hydra compose of configs/train.yaml)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from experiments.schema import register_configs
+
+    register_configs()
+    if GlobalHydra.instance().is_initialized():
+        return compose(config_name="train", overrides=list(overrides))
+    conf_dir = str(Path(__file__).resolve().parents[2] / "configs")
+    with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
+        return compose(config_name="train", overrides=list(overrides))
+
+
+def train_model(overrides: list[str], model_dir: Path, *, progress: bool = False) -> float:
+    """Train (or resume, or reuse) the model of ``experiments.train`` + ``overrides`` in
+    ``model_dir``, through ``experiments.train.setup`` and ``scorelib.training.train``.
+
+    Returns:
+      wall seconds spent (near 0 when the run was already complete).
+    """
+    from experiments import train as train_app
+    from experiments.common import write_run_info
+    from scorelib import training
+
+    cfg = _compose_train_cfg(overrides)
+    t0 = time.perf_counter()
+    run = train_app.setup(cfg)
+    write_run_info(model_dir, cfg, seed=cfg.trainer.seed,
+                   extra={"trained_by": "experiments.tables.gaussian_teleport",
+                          "overrides": list(overrides)})
+    ckpt = train_app.checkpointer(run, model_dir)
+    try:
+        training.train(run.state, run.step_fn, num_steps=cfg.trainer.steps, ckpt=ckpt,
+                       log_dir=str(model_dir), log_every=cfg.trainer.log_every,
+                       nonfinite=cfg.trainer.nonfinite, desc=cfg.name, progress=progress,
+                       handle_sigterm=False, tensorboard=False)
+    finally:
+        ckpt.close()
+    return time.perf_counter() - t0
+
+
+def load_model(run_dir: Path):
+    """``(run, source, step)``: the EMA network of a training run directory as a score source.
+
+    Raises:
+      FileNotFoundError: no ``config.yaml`` or no checkpoint in ``run_dir``.
+    """
+    from experiments.sample import load_run
+
+    run, state = load_run(run_dir)
+    return run, run.source(state.ema_params), int(state.step)
+
+
+# --------------------------------------------------------------------------- (a) explained
+def explained_fraction(s_ref: np.ndarray, s_approx: np.ndarray) -> float:
+    """``1 - sum ||s_ref - s_approx||^2 / sum ||s_ref||^2`` over a batch (float64)."""
+    a = np.asarray(s_ref, np.float64)
+    b = np.asarray(s_approx, np.float64)
+    return float(1.0 - np.sum((a - b) ** 2) / np.sum(a**2))
+
+
+@jax.jit
+def _scores(source: ScoreSource, x, t):
+    return source.score(x, t)
+
+
+def explained_table(process, net: ScoreSource, approx: dict[str, ScoreSource], x0: np.ndarray,
+                    sigmas, *, seed: int, batch: int = 250) -> list[dict]:
+    """Rows ``{sigma, <name>: explained fraction}`` for every sigma (VE noise level).
+
+    Query points ``x = alpha(t) (x0 + sigma eps)`` with ``t = t_of_ve_sigma(sigma)``; every
+    source is evaluated at the same points, in batches of ``batch``.
+    """
+    rows = []
+    rng = np.random.default_rng(seed)
+    for sig in sigmas:
+        eps = rng.standard_normal(x0.shape).astype(np.float32)
+        t = float(process.t_of_ve_sigma(jnp.float32(sig)))
+        a = float(process.alpha(jnp.float32(t)))
+        x = (a * (x0 + sig * eps)).astype(np.float32)
+        out = {n: [] for n in ["net", *approx]}
+        for i in range(0, x.shape[0], batch):
+            xb = jnp.asarray(x[i : i + batch])
+            out["net"].append(np.asarray(_scores(net, xb, jnp.float32(t))))
+            for name, src in approx.items():
+                out[name].append(np.asarray(_scores(src, xb, jnp.float32(t))))
+        s_net = np.concatenate(out["net"])
+        row = {"sigma": float(sig)}
+        for name in approx:
+            row[name] = explained_fraction(s_net, np.concatenate(out[name]))
+        rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------- (b) skips
+def sample_teleported(sampler_name, source, gaussian, data_shape, *, grid, skip, seed,
+                      num_samples, batch_size):
+    """``num_samples`` samples (numpy) and info; example ``i`` uses ``fold_in(key(seed), i)``."""
+    fn = SAMPLER_FNS[sampler_name]
+    key = jax.random.key(seed)
+    xs, info = [], {}
+    for start in range(0, num_samples, batch_size):
+        b = min(batch_size, num_samples - start)
+        x, info = teleport(fn, source, gaussian, key, (b, *data_shape), grid=grid, skip=skip,
+                           first_index=start)
+        xs.append(np.asarray(x))
+    return np.concatenate(xs), info
+
+
+def gaussian_only_samples(gaussian, data_shape, *, grid, seed, num_samples):
+    """The closed-form flow all the way to sigma = 0 from the plain start draw (NFE 0)."""
+    from scorelib.samplers.teleport import start_state
+
+    x_T = start_state(gaussian, jax.random.key(seed), (num_samples, *data_shape), grid=grid)
+    return np.asarray(gaussian_flow(gaussian, x_T, sigma_from=float(grid[0]), sigma_to=0.0))
+
+
+def largest_safe_skip(rows: list[dict]) -> dict:
+    """Largest ``k`` such that every skip ``k' <= k`` has ``fd_mean(k') <= fd_mean(0) + fd_std(0)``.
+
+    ``rows`` are sorted by skip and hold ``skip, nfe, fd_mean, fd_std``. Returns
+    ``{skip, sigma, nfe, nfe_saved}`` (``nfe_saved`` a fraction of the k = 0 NFE).
+    """
+    rows = sorted(rows, key=lambda r: r["skip"])
+    base = rows[0]
+    assert base["skip"] == 0, "the sweep must include k = 0"
+    limit = base["fd_mean"] + base["fd_std"]
+    best = base
+    for r in rows[1:]:
+        if r["fd_mean"] <= limit:
+            best = r
+        else:
+            break
+    return {"skip": best["skip"], "sigma": best["sigma_skip"], "nfe": best["nfe"],
+            "nfe_saved": 1.0 - best["nfe"] / base["nfe"], "fd_limit": limit}
+
+
+def skip_sweep(source, gaussian, data_shape, fd_of, *, sampler_name, steps, skips, seeds,
+               num_samples, batch_size, log=print) -> list[dict]:
+    """Rows ``{sampler, steps, skip, sigma_skip, nfe, fd_mean, fd_std, fd_seeds}``."""
+    grid = edm_grid(steps)
+    rows = []
+    for k in skips:
+        if k > steps - 1:
+            continue
+        fds, info = [], {}
+        for seed in seeds:
+            x, info = sample_teleported(sampler_name, source, gaussian, data_shape, grid=grid,
+                                        skip=k, seed=seed, num_samples=num_samples,
+                                        batch_size=batch_size)
+            fds.append(fd_of(x))
+        rows.append({
+            "sampler": sampler_name, "steps": steps, "skip": int(k),
+            "sigma_skip": float(grid[k]), "nfe": int(info["nfe"]),
+            "fd_mean": float(np.mean(fds)), "fd_std": float(np.std(fds, ddof=1)) if len(fds) > 1
+            else 0.0, "fd_seeds": [float(f) for f in fds],
+        })
+        log(f"  {sampler_name}-{steps} k={k} sigma={grid[k]:.3g} nfe={info['nfe']} "
+            f"FD={rows[-1]['fd_mean']:.2f}+-{rows[-1]['fd_std']:.2f}")
+    return rows
+
+
+# --------------------------------------------------------------------------- one data set
+@dataclasses.dataclass
+class DatasetResult:
+    name: str
+    explained: list[dict]
+    sweeps: dict[str, list[dict]]
+    summary: dict[str, dict]
+    fd_floor: float
+    fd_gaussian_only: list[float]
+    timings: dict[str, float]
+    model: dict[str, Any]
+
+
+def analyse_dataset(name: str, source, process, dataset, fd_of, tc: DictConfig,
+                    log=print) -> DatasetResult:
+    """Parts (a) and (b) for one data set; ``fd_of(images) -> float`` vs the test split."""
+    timings = {}
+    train = np.asarray(dataset.train, np.float32)
+    test = np.asarray(dataset.test, np.float32)
+    data_shape = tuple(train.shape[1:])
+    d = int(np.prod(data_shape))
+
+    t0 = time.perf_counter()
+    rank = tc.gaussian_rank if tc.gaussian_rank and tc.gaussian_rank < d else None
+    gaussian = fit_gaussian(process, train, rank=rank)
+    gmm_points = tc.get("gmm_fit_points") or train.shape[0]
+    gmm_idx = np.random.default_rng(0).permutation(train.shape[0])[: int(gmm_points)]
+    mixture = fit_kmeans_mixture(process, train[np.sort(gmm_idx)], int(tc.gmm_components),
+                                 ridge=float(tc.gmm_ridge), seed=0)
+    empirical = EmpiricalScore.create(process, train, chunk=int(tc.empirical_chunk))
+    timings["fit_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(int(tc.explained_seed))
+    idx = rng.choice(test.shape[0], size=min(int(tc.explained_points), test.shape[0]),
+                     replace=False)
+    sigmas = edm_grid(int(tc.explained_grid_steps))[:-1]  # the positive points
+    explained = explained_table(
+        process, source, {"gaussian": gaussian, "gmm": mixture, "training_set": empirical},
+        test[idx], sigmas, seed=int(tc.explained_seed),
+    )
+    timings["explained_s"] = time.perf_counter() - t0
+    log(f"[{name}] explained fractions at {len(sigmas)} sigmas: "
+        f"{timings['explained_s']:.1f} s")
+
+    t0 = time.perf_counter()
+    sweeps, summary = {}, {}
+    for sw in tc.sweeps:
+        key = f"{sw.sampler}-{sw.steps}"
+        sweeps[key] = skip_sweep(
+            source, gaussian, data_shape, fd_of, sampler_name=sw.sampler, steps=int(sw.steps),
+            skips=list(sw.skips), seeds=list(tc.seeds), num_samples=int(tc.num_samples),
+            batch_size=int(tc.batch_size), log=log,
+        )
+        summary[key] = largest_safe_skip(sweeps[key])
+    timings["sweeps_s"] = time.perf_counter() - t0
+
+    grid = edm_grid(int(tc.sweeps[0].steps))
+    floor_rng = np.random.default_rng(0)
+    n_floor = min(int(tc.num_samples), train.shape[0])
+    fd_floor = fd_of(train[floor_rng.choice(train.shape[0], n_floor, replace=False)])
+    g_only = [fd_of(gaussian_only_samples(gaussian, data_shape, grid=grid, seed=s,
+                                          num_samples=int(tc.num_samples))) for s in tc.seeds]
+    return DatasetResult(name, explained, sweeps, summary, float(fd_floor),
+                         [float(v) for v in g_only], timings, {})
+
+
+def fd_function(data_name: str, dataset, cache_dir):
+    """``images -> FD`` in the bundled classifier's features against the test split."""
+    from scorelib.metrics import (
+        ClassifierConfig,
+        FeatureExtractor,
+        fd_features,
+        mnist_subset_config,
+    )
+
+    cfg = ClassifierConfig() if data_name == "digits" else mnist_subset_config()
+    ext = FeatureExtractor.load_or_train(cfg, cache_dir)
+    test_feats = ext.features(dataset.test)
+
+    def fd_of(images):
+        return float(fd_features(ext.features(np.asarray(images, np.float32)), test_feats))
+
+    return fd_of
+
+
+# --------------------------------------------------------------------------- the table
+def _settings(cfg: DictConfig) -> DictConfig:
+    """The table config with the ``smoke`` overrides merged when ``scale == smoke``."""
+    tc = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    if tc.get("scale", "full") not in ("full", "smoke"):
+        raise ValueError(f"table.scale must be 'full' or 'smoke'; got {tc.scale!r}")
+    if tc.scale == "smoke":
+        tc = OmegaConf.merge(tc, tc.get("smoke", {}))
+    for field in ("num_samples", "batch_size", "explained_points", "gmm_components"):
+        if int(tc[field]) < 1:
+            raise ValueError(f"table.{field} must be >= 1; got {tc[field]}")
+    if len(tc.seeds) < 1:
+        raise ValueError("table.seeds must list at least one seed")
+    for sw in tc.sweeps:
+        if sw.sampler not in SAMPLER_FNS:
+            raise ValueError(f"table.sweeps[].sampler must be one of {list(SAMPLER_FNS)}; "
+                             f"got {sw.sampler!r}")
+        if 0 not in list(sw.skips):
+            raise ValueError(f"table.sweeps[].skips must include 0 (the reference); got "
+                             f"{list(sw.skips)}")
+    return tc
+
+
+def run_dataset(data_name: str, tc: DictConfig, run_dir: Path, log=print) -> DatasetResult:
+    from experiments import build
+    from scorelib.metrics import default_cache_dir
+
+    dcfg = tc.data[data_name]
+    timings = {}
+    if dcfg.checkpoint:
+        model_dir = Path(dcfg.checkpoint)
+        timings["train_s"] = 0.0
+        trained = "given"
+    else:
+        model_dir = run_dir / "models" / data_name
+        log(f"[{data_name}] training {list(dcfg.train_overrides)} into {model_dir}")
+        timings["train_s"] = train_model(list(dcfg.train_overrides), model_dir)
+        trained = "by this table"
+    run, source, step = load_model(model_dir)
+    if run.cfg.data.name != data_name:
+        raise ValueError(
+            f"table.data.{data_name}.checkpoint={model_dir} was trained on data "
+            f"{run.cfg.data.name!r}, not {data_name!r}"
+        )
+    dataset = run.data.images
+    cache = Path(tc.cache_dir) if tc.get("cache_dir") else default_cache_dir(os.environ)
+    t0 = time.perf_counter()
+    fd_of = fd_function(data_name, dataset, cache)
+    timings["classifier_s"] = time.perf_counter() - t0
+    res = analyse_dataset(data_name, source, run.process, dataset, fd_of, tc, log=log)
+    res.timings = {**timings, **res.timings}
+    res.model = {"run_dir": str(model_dir), "step": step, "trained": trained,
+                 "model": build.to_container(run.cfg.model),
+                 "train_steps": int(run.cfg.trainer.steps),
+                 "batch_size": int(run.cfg.trainer.batch_size)}
+    return res
+
+
+def compute(cfg: DictConfig, run_dir: Path, log=print) -> dict:
+    """Run the whole table; returns ``{settings, results: {data: DatasetResult}, wall_s}``."""
+    jax.config.update("jax_default_matmul_precision", "highest")
+    tc = _settings(cfg)
+    for name in tc.datasets:
+        if name not in tc.data:
+            raise ValueError(f"table.datasets: {name!r} has no entry under table.data "
+                             f"(have {list(tc.data)})")
+        ck = tc.data[name].checkpoint
+        if ck and not (Path(ck) / "config.yaml").is_file():
+            raise FileNotFoundError(
+                f"table.data.{name}.checkpoint={ck}: not a training run directory (no "
+                "config.yaml); give a directory written by `python -m experiments.train`"
+            )
+    t0 = time.perf_counter()
+    results = {}
+    for name in tc.datasets:
+        results[name] = run_dataset(name, tc, Path(run_dir), log=log)
+    return {"settings": tc, "results": results, "wall_s": time.perf_counter() - t0}
+
+
+# --------------------------------------------------------------------------- formatting
+def _fmt(v, nd=3):
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        return f"{v:.{nd}f}" if abs(v) >= 1e-3 or v == 0 else f"{v:.2e}"
+    return str(v)
+
+
+def explained_rows(results: dict) -> tuple[list[str], list[list]]:
+    cols = ["data", "sigma", "gaussian", "gmm (k-means 10)", "training set (exact)",
+            "best", "paper"]
+    rows = []
+    for name, res in results.items():
+        for r in res.explained:
+            vals = {"gaussian": r["gaussian"], "gmm": r["gmm"], "training_set": r["training_set"]}
+            best = max(vals, key=vals.get)
+            claim = ("Gaussian ~ 1" if r["sigma"] >= 1.0 else
+                     "gmm > training set" if r["sigma"] <= 0.1 else "")
+            rows.append([name, r["sigma"], r["gaussian"], r["gmm"], r["training_set"], best,
+                         claim])
+    return cols, rows
+
+
+def sweep_rows(results: dict) -> tuple[list[str], list[list]]:
+    cols = ["data", "sampler", "steps", "skip k", "sigma_skip", "NFE", "NFE saved", "FD mean",
+            "FD std", "FD per seed", "paper"]
+    rows = []
+    for name, res in results.items():
+        for _key, sweep in res.sweeps.items():
+            nfe0 = sweep[0]["nfe"]
+            for r in sweep:
+                rows.append([name, r["sampler"], r["steps"], r["skip"], r["sigma_skip"], r["nfe"],
+                             1 - r["nfe"] / nfe0, r["fd_mean"], r["fd_std"],
+                             " / ".join(f"{v:.2f}" for v in r["fd_seeds"]), ""])
+    return cols, rows
+
+
+def summary_rows(results: dict) -> tuple[list[str], list[list]]:
+    cols = ["data", "sampler", "largest safe skip", "sigma_skip", "NFE", "NFE saved",
+            "FD limit (FD0 + sd0)", "FD floor (train vs test)", "FD Gaussian only (NFE 0)",
+            "paper"]
+    rows = []
+    for name, res in results.items():
+        for key, s in res.summary.items():
+            rows.append([name, key, s["skip"], s["sigma"], s["nfe"], s["nfe_saved"],
+                         s["fd_limit"], res.fd_floor, float(np.mean(res.fd_gaussian_only)),
+                         "skip 15-30% of steps at no loss (CIFAR-10 FID 1.93)"])
+    return cols, rows
+
+
+def make_figure(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(results)
+    fig, axes = plt.subplots(2, n, figsize=(5.5 * n, 8), squeeze=False)
+    for j, (name, res) in enumerate(results.items()):
+        ax = axes[0, j]
+        sig = [r["sigma"] for r in res.explained]
+        for key, label in [("gaussian", "Gaussian"), ("gmm", "GMM (k-means 10)"),
+                           ("training_set", "training set (exact)")]:
+            ax.plot(sig, [max(1.0 - r[key], 1e-12) for r in res.explained], "o-", label=label)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.axhline(1.0, color="grey", lw=0.5)
+        ax.set_xlabel("sigma")
+        ax.set_ylabel("unexplained fraction ||s_net - s||^2 / ||s_net||^2")
+        ax.set_title(f"{name}: score explained by approximations")
+        ax.legend(fontsize=8)
+        ax = axes[1, j]
+        for key, sweep in res.sweeps.items():
+            ax.errorbar([r["nfe"] for r in sweep], [r["fd_mean"] for r in sweep],
+                        yerr=[r["fd_std"] for r in sweep], marker="o", capsize=2, label=key)
+        ax.axhline(res.fd_floor, color="grey", ls="--", lw=0.8, label="floor (train vs test)")
+        ax.set_xlabel("NFE (teleported: fewer)")
+        ax.set_ylabel("FD vs test split")
+        ax.set_title(f"{name}: FD vs NFE over skips k")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- entry point
+def _to_json(results: dict) -> dict:
+    return {name: dataclasses.asdict(res) for name, res in results.items()}
+
+
+def report(out: dict) -> dict:
+    """The table parts of a computed result, for the reproduce app's writer.
+
+    Returns ``{"tables": [{"name", "caption", "columns", "rows"}], "notes": [str],
+    "seeds": [int]}``. Every table has a ``paper`` column (the paper's claim where one
+    exists, else empty).
+    """
+    results, tc = out["results"], out["settings"]
+    notes = []
+    for name, res in results.items():
+        m = res.model
+        notes.append(
+            f"{name}: model {m['model'].get('_target_', '')} "
+            f"{ {k: v for k, v in m['model'].items() if k != '_target_'} }, "
+            f"{m['train_steps']} steps of batch {m['batch_size']} ({m['trained']}; "
+            f"{m['run_dir']}, step {m['step']}); FD floor {res.fd_floor:.2f}; FD of the "
+            f"Gaussian alone (closed form to sigma = 0, NFE 0) "
+            f"{np.mean(res.fd_gaussian_only):.2f}; times "
+            + ", ".join(f"{k} {v:.0f} s" for k, v in res.timings.items())
+        )
+        for key, s in res.summary.items():
+            notes.append(
+                f"{name} {key}: largest skip with FD within one std of k = 0 (for every skip "
+                f"up to it): k = {s['skip']} (sigma {s['sigma']:.3g}), NFE {s['nfe']}, saving "
+                f"{100 * s['nfe_saved']:.0f}% of the NFE (paper: 15-30%)."
+            )
+    notes.append(f"total wall time {out['wall_s']:.0f} s")
+    tables = []
+    for name, fn, caption in [
+        ("explained", explained_rows,
+         "Fraction of the network score explained, 1 - sum||s_net - s||^2 / sum||s_net||^2, "
+         "at noised test images, per sigma of the EDM grid."),
+        ("skips", sweep_rows,
+         "Teleport k steps in closed form, then sample: FD vs the test split over seeds."),
+        ("summary", summary_rows, "Largest skip at no loss (FD within one std of k = 0)."),
+    ]:
+        cols, rows = fn(results)
+        tables.append({"name": name, "caption": caption, "columns": cols, "rows": rows})
+    return {"tables": tables, "notes": notes, "seeds": list(tc.seeds)}
+
+
+def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
+    """Compute the table into ``run_dir``: ``results.json``, ``figure.png``; returns
+    :func:`report`'s dict plus ``figure`` (path) and ``raw`` (the computed result)."""
+    import json
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out = compute(cfg, run_dir, log=log)
+    (run_dir / "results.json").write_text(json.dumps(
+        {"results": _to_json(out["results"]), "wall_s": out["wall_s"]}, indent=2, default=str))
+    fig = run_dir / "figure.png"
+    make_figure(out["results"], fig)
+    return {**report(out), "figure": str(fig), "raw": out}
