@@ -1,0 +1,30 @@
+"""Data: 2-D toy distributions, bundled and user-provided image sets, deterministic batches."""
+
+from scorelib.data.batching import batch_indices, example_keys, get_batch
+from scorelib.data.images import (
+    ImageDataset,
+    load_digits,
+    load_mnist_subset,
+    load_npz,
+    mnist_subset_path,
+    stratified_split,
+)
+from scorelib.data.toy import TOY_NAMES, ring_means, toy_batch, toy_from_keys, toy_sample, toy_std
+
+__all__ = [
+    "TOY_NAMES",
+    "ImageDataset",
+    "batch_indices",
+    "example_keys",
+    "get_batch",
+    "load_digits",
+    "load_mnist_subset",
+    "load_npz",
+    "mnist_subset_path",
+    "ring_means",
+    "stratified_split",
+    "toy_batch",
+    "toy_from_keys",
+    "toy_sample",
+    "toy_std",
+]

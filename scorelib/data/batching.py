@@ -1,0 +1,95 @@
+"""Deterministic, per-step, per-process batches.
+
+A batch is a pure function of ``(seed, step, process_index)``. Every example of
+the *global* batch at a step draws from its own key,
+``fold_in(fold_in(key(seed), step), position)``, and process ``p`` with a local
+batch of ``B`` takes positions ``p * B ... p * B + B - 1``. So:
+
+* the same call gives the same batch, in Python or inside ``jax.jit``;
+* the local batches of processes ``0 .. P-1`` concatenated equal the batch of one
+  process with batch size ``P * B`` (the global batch does not depend on how many
+  processes share it);
+* a batch of size ``B`` is a prefix of the batch of size ``B' > B``.
+
+Indices are drawn with replacement (``jax.random.randint``), so there are no epochs
+to keep in sync across restarts or processes.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = Any
+
+
+def example_keys(batch_size: int, *, seed, step, process_index=0) -> Array:
+    """The per-example keys of a local batch.
+
+    Args:
+      batch_size: the local (per-process) batch size ``B`` (a Python int).
+      seed, step, process_index: integers (Python ints or traced int32 scalars).
+
+    Returns:
+      typed PRNG key array ``[B]``: example ``j`` of process ``p`` uses
+      ``fold_in(fold_in(key(seed), step), p * B + j)``.
+
+    Raises:
+      ValueError: if ``batch_size < 1``.
+    """
+    if int(batch_size) < 1:
+        raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+    step_key = jax.random.fold_in(jax.random.key(seed), step)
+    positions = process_index * batch_size + jnp.arange(batch_size, dtype=jnp.int32)
+    return jax.vmap(lambda i: jax.random.fold_in(step_key, i))(positions)
+
+
+def batch_indices(n: int, batch_size: int, *, seed, step, process_index=0) -> Array:
+    """Row indices ``[B]`` (int32 in ``[0, n)``) of the local batch; see the module docstring.
+
+    Raises:
+      ValueError: if ``n < 1`` or ``batch_size < 1``.
+    """
+    if int(n) < 1:
+        raise ValueError(f"cannot draw a batch from an empty data set (n={n})")
+    if int(batch_size) < 1:
+        raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+    return _batch_indices(int(n), int(batch_size), seed, step, process_index)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _batch_indices(n, batch_size, seed, step, process_index):
+    keys = example_keys(batch_size, seed=seed, step=step, process_index=process_index)
+    return jax.vmap(lambda k: jax.random.randint(k, (), 0, n, dtype=jnp.int32))(keys)
+
+
+def get_batch(data: Array, batch_size: int, *, seed, step, process_index=0) -> Array:
+    """The local batch of rows of ``data`` at ``(seed, step, process_index)``.
+
+    Usable inside a jitted train step (keep ``data`` on device as a ``jax.Array``
+    argument; ``seed``/``step``/``process_index`` may be traced) and from Python.
+
+    Args:
+      data: ``[n, *data_shape]`` numpy or jax array (e.g. ``ImageDataset.train``).
+      batch_size: local batch size ``B``.
+      seed, step, process_index: integers; see the module docstring.
+
+    Returns:
+      ``[B, *data_shape]``: a numpy array when ``data`` is a numpy array and the call
+      is not traced (no copy of the data set to the device), else a ``jax.Array``.
+
+    Raises:
+      ValueError: if ``data`` has no leading axis or is empty, or ``batch_size < 1``.
+    """
+    if np.ndim(data) < 1:
+        raise ValueError(f"data must be [n, *data_shape]; got shape {np.shape(data)}")
+    idx = batch_indices(
+        data.shape[0], batch_size, seed=seed, step=step, process_index=process_index
+    )
+    if isinstance(data, np.ndarray) and not isinstance(idx, jax.core.Tracer):
+        return data[np.asarray(idx)]
+    return jnp.take(data, idx, axis=0)

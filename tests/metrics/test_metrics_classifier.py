@@ -1,0 +1,118 @@
+"""The digits/MNIST feature classifier: accuracy, FD behaviour, and the cache."""
+
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from scorelib.data import load_digits, load_mnist_subset
+from scorelib.metrics import (
+    ClassifierConfig,
+    FeatureExtractor,
+    classifier,
+    default_cache_dir,
+    mnist_subset_config,
+)
+from scorelib.metrics.frechet import fd_features
+
+TINY = ClassifierConfig(steps=3, channels=(4, 8), hidden=8)
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_digits()
+
+
+def test_default_cache_dir():
+    assert default_cache_dir({"SCORELIB_CACHE": "/x/y"}) == default_cache_dir(
+        {"SCORELIB_CACHE": "/x/y/"}
+    )
+    assert str(default_cache_dir({"SCORELIB_CACHE": "/x/y"})) == "/x/y/classifiers"
+    assert str(default_cache_dir({"HOME": "/h"})) == "/h/.cache/scorelib/classifiers"
+
+
+def test_cache_key_covers_config():
+    names = {
+        TINY.cache_name(),
+        dataclasses.replace(TINY, seed=1).cache_name(),
+        dataclasses.replace(TINY, steps=4).cache_name(),
+        dataclasses.replace(TINY, hidden=9).cache_name(),
+        dataclasses.replace(TINY, split_seed=1).cache_name(),
+        mnist_subset_config().cache_name(),
+    }
+    assert len(names) == 6
+    assert TINY.cache_name() == ClassifierConfig(steps=3, channels=(4, 8), hidden=8).cache_name()
+    # lists (as from YAML) give the same classifier as tuples
+    listy = ClassifierConfig(channels=[32, 64], strides=[1, 2])
+    assert listy.cache_name() == ClassifierConfig().cache_name()
+    with pytest.raises(ValueError):
+        ClassifierConfig(dataset="cifar")
+
+
+def test_cache_train_reload_and_corrupt_file(tmp_path, digits, monkeypatch):
+    first = FeatureExtractor.load_or_train(TINY, tmp_path, digits)
+    assert not first.cached
+    path = tmp_path / TINY.cache_name()
+    assert sorted(os.listdir(tmp_path)) == [path.name]  # written atomically, no temp left
+    f1 = first.features(digits.test[:50])
+    assert f1.shape == (50, 8) and f1.dtype == np.float32
+
+    second = FeatureExtractor.load_or_train(TINY, tmp_path, digits)
+    assert second.cached and second.info == first.info
+    np.testing.assert_array_equal(second.features(digits.test[:50]), f1)
+
+    # a corrupt file means "retrain and overwrite"; the retraining itself is stubbed
+    # (the first run above trained for real) to keep this test fast
+    calls = []
+
+    def fake_train(config, dataset):
+        calls.append(config)
+        return first_model, first.info
+
+    first_model = nnx.merge(first._graphdef, first._params)
+    monkeypatch.setattr(classifier, "train_classifier", fake_train)
+    path.write_bytes(b"truncated")
+    with pytest.warns(UserWarning, match="unusable classifier cache"):
+        third = FeatureExtractor.load_or_train(TINY, tmp_path, digits)
+    assert not third.cached and calls == [TINY]
+    fourth = FeatureExtractor.load_or_train(TINY, tmp_path, digits)
+    assert fourth.cached and calls == [TINY]
+    np.testing.assert_array_equal(fourth.features(digits.test[:50]), f1)
+
+    with pytest.raises(ValueError, match="images must be"):
+        first.features(np.zeros((3, 28, 28, 1), np.float32))
+
+
+@pytest.mark.slow
+def test_digits_accuracy_and_fd(tmp_path_factory, digits):
+    ext = FeatureExtractor.load_or_train(ClassifierConfig(), tmp_path_factory.mktemp("cls"), digits)
+    acc = ext.accuracy(digits.test, digits.test_labels)
+    print(
+        f"digits classifier: test accuracy {acc:.4f}, trained in {ext.info['train_time_s']:.1f} s"
+    )
+    assert acc >= 0.97
+    assert acc == pytest.approx(ext.info["test_accuracy"])
+    rng = np.random.default_rng(0)
+    floor = ext.fd(digits.train[:1000], digits.test)
+    noise = ext.fd(rng.uniform(-1, 1, digits.test.shape).astype(np.float32), digits.test)
+    print(f"FD_digits train-vs-test {floor:.2f}, noise-vs-test {noise:.2f}")
+    assert floor < 0.1 * noise
+    # fd() is the Fréchet distance of the features
+    assert floor == pytest.approx(
+        fd_features(ext.features(digits.train[:1000]), ext.features(digits.test)), rel=1e-9
+    )
+
+
+@pytest.mark.slow
+def test_mnist_subset_accuracy(tmp_path_factory):
+    data = load_mnist_subset()
+    ext = FeatureExtractor.load_or_train(mnist_subset_config(), tmp_path_factory.mktemp("m"), data)
+    acc = ext.accuracy(data.test, data.test_labels)
+    print(
+        f"mnist-5k classifier: test accuracy {acc:.4f}, trained in {ext.info['train_time_s']:.1f} s"
+    )
+    assert acc >= 0.95
+    noise = np.random.default_rng(0).uniform(-1, 1, data.test.shape).astype(np.float32)
+    assert ext.fd(data.train[:1000], data.test) < 0.1 * ext.fd(noise, data.test)

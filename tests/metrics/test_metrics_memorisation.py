@@ -1,0 +1,79 @@
+"""Nearest-neighbour distances and memorisation statistics against brute force."""
+
+import numpy as np
+import pytest
+
+from scorelib.metrics import memorisation_stats, nearest_neighbour_distances, nearest_neighbours
+
+
+def _brute(samples, train, exclude_self=False):
+    s = samples.reshape(len(samples), -1).astype(np.float64)
+    t = train.reshape(len(train), -1).astype(np.float64)
+    d = np.array([[np.sqrt(np.sum((a - b) ** 2)) for b in t] for a in s])
+    if exclude_self:
+        np.fill_diagonal(d, np.inf)
+    return np.sort(d, axis=1)
+
+
+def test_against_brute_force_and_blocks():
+    rng = np.random.default_rng(0)
+    train = rng.uniform(-1, 1, (53, 4, 4, 1)).astype(np.float32)
+    samples = rng.uniform(-1, 1, (37, 4, 4, 1)).astype(np.float32)
+    ref = _brute(samples, train)
+    for block in (16, 37, 256):
+        d, idx = nearest_neighbours(samples, train, k=3, block_size=block)
+        np.testing.assert_allclose(d, ref[:, :3], rtol=1e-5)
+        # the indices point at images at those distances
+        back = np.linalg.norm((samples[:, None] - train[idx]).reshape(37, 3, -1), axis=-1)
+        np.testing.assert_allclose(back, d, rtol=1e-5)
+    np.testing.assert_allclose(nearest_neighbour_distances(samples, train), ref[:, 0], rtol=1e-5)
+
+
+def test_copy_has_distance_exactly_zero():
+    rng = np.random.default_rng(1)
+    train = rng.uniform(-1, 1, (40, 8, 8, 1)).astype(np.float32) * 30.0  # large norms
+    samples = np.concatenate([train[[3, 17]], rng.uniform(-1, 1, (2, 8, 8, 1)).astype(np.float32)])
+    d, idx = nearest_neighbours(samples, train)
+    assert d[0, 0] == 0.0 and d[1, 0] == 0.0
+    assert idx[0, 0] == 3 and idx[1, 0] == 17
+    assert np.all(d[2:, 0] > 0)
+
+
+def test_leave_one_out_with_duplicates():
+    rng = np.random.default_rng(2)
+    train = rng.standard_normal((20, 5)).astype(np.float32)
+    train[7] = train[2]  # a duplicate at another index still counts
+    d, idx = nearest_neighbours(train, train, k=2, exclude_self=True, block_size=8)
+    np.testing.assert_allclose(
+        d, _brute(train, train, exclude_self=True)[:, :2], rtol=1e-5, atol=1e-6
+    )
+    assert d[2, 0] == 0.0 and idx[2, 0] == 7 and d[7, 0] == 0.0 and idx[7, 0] == 2
+    assert np.all(idx[:, 0] != np.arange(20))
+
+
+def test_memorisation_stats_brute_force():
+    rng = np.random.default_rng(3)
+    train = rng.standard_normal((30, 6)).astype(np.float32)
+    ref_imgs = rng.standard_normal((12, 6)).astype(np.float32)
+    samples = np.concatenate([train[:4], rng.standard_normal((6, 6)).astype(np.float32)])
+    st = memorisation_stats(samples, train, ref_imgs)
+    bs = _brute(samples, train)
+    loo = np.median(_brute(train, train, exclude_self=True)[:, 0])
+    br = _brute(ref_imgs, train)[:, 0]
+    assert st["sample_nn_mean"] == pytest.approx(bs[:, 0].mean(), rel=1e-5)
+    assert st["train_loo_nn_median"] == pytest.approx(loo, rel=1e-5)
+    assert st["copy_rate"] == pytest.approx(np.mean(bs[:, 0] < loo / 3))
+    assert st["copy_rate"] >= 0.4  # the four copies
+    assert st["ratio_copy_rate"] == pytest.approx(np.mean(bs[:, 0] / bs[:, 1] < 1 / 3))
+    assert st["reference_nn_mean"] == pytest.approx(br.mean(), rel=1e-5)
+    assert st["nn_mean_ratio"] == pytest.approx(bs[:, 0].mean() / br.mean(), rel=1e-5)
+    copies = memorisation_stats(train[:10], train)
+    assert copies["sample_nn_mean"] == 0.0 and copies["copy_rate"] == 1.0
+    assert "nn_mean_ratio" not in copies
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="shapes differ"):
+        nearest_neighbours(np.zeros((2, 3)), np.zeros((4, 2)))
+    with pytest.raises(ValueError, match="k must be"):
+        nearest_neighbours(np.zeros((2, 3)), np.zeros((2, 3)), k=2, exclude_self=True)
