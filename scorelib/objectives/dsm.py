@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +34,8 @@ class DSM(Objective):
     """Denoising score matching on any process.
 
     Raises:
-      ValueError: unknown ``weighting`` or ``reduce``.
+      ValueError: unknown ``weighting`` or ``reduce``, or a ``t_range`` that is not a
+        pair inside ``[process.t_min, process.t_max]``.
     """
 
     process: Process
@@ -43,6 +45,8 @@ class DSM(Objective):
 
     def __post_init__(self):
         if self.t_range is not None:
+            if len(self.t_range) != 2:
+                raise ValueError(f"objective.t_range must be a pair (lo, hi); got {self.t_range!r}")
             lo, hi = self.t_range
             if not (self.process.t_min <= lo <= hi <= self.process.t_max):
                 raise ValueError(
@@ -54,7 +58,9 @@ class DSM(Objective):
                 f"objective.weighting must be one of {list(DSM_WEIGHTINGS)}; got {self.weighting!r}"
             )
         if self.reduce not in REDUCTIONS:
-            raise ValueError(f"objective.reduce must be one of {list(REDUCTIONS)}; got {self.reduce!r}")
+            raise ValueError(
+                f"objective.reduce must be one of {list(REDUCTIONS)}; got {self.reduce!r}"
+            )
 
     def weight(self, t):
         """``lambda(t)``: ``[batch]``."""
@@ -85,7 +91,8 @@ class EDMLoss(Objective):
     """The EDM training loss with log-normal noise levels.
 
     Raises:
-      ValueError: unless ``P_std > 0``, ``sigma_data > 0`` and ``reduce`` is known.
+      ValueError: unless ``P_mean`` is finite, ``P_std > 0``, ``sigma_data > 0`` and
+        ``reduce`` is known.
     """
 
     process: Process
@@ -95,12 +102,16 @@ class EDMLoss(Objective):
     reduce: str = "mean"
 
     def __post_init__(self):
+        if not math.isfinite(self.P_mean):
+            raise ValueError(f"objective.P_mean must be finite; got {self.P_mean}")
         if not self.P_std > 0:
             raise ValueError(f"objective.P_std must be > 0; got {self.P_std}")
         if not self.sigma_data > 0:
             raise ValueError(f"objective.sigma_data must be > 0; got {self.sigma_data}")
         if self.reduce not in REDUCTIONS:
-            raise ValueError(f"objective.reduce must be one of {list(REDUCTIONS)}; got {self.reduce!r}")
+            raise ValueError(
+                f"objective.reduce must be one of {list(REDUCTIONS)}; got {self.reduce!r}"
+            )
 
     def per_example(self, source, x0, key):
         p = self.process

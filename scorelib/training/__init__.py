@@ -1,0 +1,46 @@
+"""Training: state, optimizer, EMA, the jitted step, checkpoints and the loop.
+
+Wiring (see ``tests/training`` for a runnable example)::
+
+    model = MLP((2,), width=32, depth=2, rngs=nnx.Rngs(0))
+    opt = make_optimizer(lr=1e-3, warmup_steps=100, grad_clip=1.0)
+    graphdef, state = init_state(model, opt, seed=0)
+    step = make_train_step(
+        EDMLoss(process=EDM()), network_source(EDM(), graphdef, 0.5), opt,
+        EMA(batch_size=256, halflife_nimg=50_000, rampup_ratio=0.05),
+        batch_fn,                                  # step index -> x0, traceable
+    )
+    ckpt = Checkpointer(run_dir / "ckpt", save_every=1000, keep_last=3,
+                        config={"model": model_cfg})
+    state = train(state, step, num_steps=20_000, ckpt=ckpt, log_dir=run_dir)
+    ckpt.close()
+
+Running the same code again resumes from the latest checkpoint in ``run_dir``.
+"""
+
+from scorelib.training.checkpoint import Checkpointer
+from scorelib.training.ema import EMA, ema_decay, ema_update
+from scorelib.training.loop import PREEMPTED_EXIT_CODE, Preempted, train
+from scorelib.training.metrics_log import MetricsWriter
+from scorelib.training.optim import make_optimizer, warmup_schedule
+from scorelib.training.state import TrainState, abstract_state, create_state, init_state
+from scorelib.training.step import make_train_step, network_source
+
+__all__ = [
+    "Checkpointer",
+    "EMA",
+    "ema_decay",
+    "ema_update",
+    "PREEMPTED_EXIT_CODE",
+    "Preempted",
+    "train",
+    "MetricsWriter",
+    "make_optimizer",
+    "warmup_schedule",
+    "TrainState",
+    "abstract_state",
+    "create_state",
+    "init_state",
+    "make_train_step",
+    "network_source",
+]
