@@ -201,10 +201,10 @@ def _fit_a(obj, proc, n=8192, d=8, steps=300):
     "proc,t,weighting",
     [
         (EDM(), 0.5, "sigma2"),
-        (EDM(), 2.0, "likelihood"),
-        (VE(), 0.3, "sigma2"),
+        pytest.param(EDM(), 2.0, "likelihood", marks=pytest.mark.slow),
+        pytest.param(VE(), 0.3, "sigma2", marks=pytest.mark.slow),
         (VP(), 0.4, "likelihood"),
-        (SubVP(), 0.1, "sigma2"),
+        pytest.param(SubVP(), 0.1, "sigma2", marks=pytest.mark.slow),
         (SubVP(), 0.5, "likelihood"),
     ],
     ids=lambda v: type(v).__name__ if not isinstance(v, (float, str)) else str(v),
@@ -219,7 +219,7 @@ def test_dsm_minimiser_is_closed_form(proc, t, weighting):
     assert abs(a_hat - a_star) < 0.03 * a_star, (a_hat, a_star)
 
 
-@pytest.mark.parametrize("sigma", [0.5, 1.5])
+@pytest.mark.parametrize("sigma", [0.5, pytest.param(1.5, marks=pytest.mark.slow)])
 def test_edm_loss_minimiser_at_fixed_sigma(sigma):
     """With P_std -> 0 the EDM loss fixes sigma = exp(P_mean); minimiser 1/(1 + sigma^2)."""
     obj = EDMLoss(process=EDM(), P_mean=math.log(sigma), P_std=1e-7)
