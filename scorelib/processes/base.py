@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import Any
 
 import jax
@@ -57,6 +58,23 @@ def broadcast_to_data(t: Array, x: Array) -> Array:
 def _require(cond: bool, field: str, allowed: str, value: Any) -> None:
     if not cond:
         raise ValueError(f"{field} must be {allowed}; got {value!r}")
+
+
+def _finite_floats(obj: Any, *names: str) -> None:
+    """Check that the named fields of a frozen dataclass are finite real numbers.
+
+    Stores them back as Python floats (so that equal processes hash alike).
+
+    Raises:
+      ValueError: naming the field (``process.<name>``) for a string, bool, NaN,
+        infinity or anything that is not a real number (e.g. a YAML float that
+        arrived as a string).
+    """
+    for name in names:
+        value = getattr(obj, name)
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        _require(ok and math.isfinite(value), f"process.{name}", "a finite real number", value)
+        object.__setattr__(obj, name, float(value))
 
 
 class Process:

@@ -6,7 +6,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from scorelib.processes.base import Process, _require, register
+from scorelib.processes.base import Process, _finite_floats, _require, register
 
 
 @register
@@ -17,13 +17,15 @@ class EDM(Process):
     Forward SDE: ``dx = sqrt(2 t) dw`` (so that ``d sigma^2 / dt = 2 t``).
 
     Raises:
-      ValueError: unless ``0 < sigma_min < sigma_max``.
+      ValueError: naming the field, unless all fields are finite reals with
+        ``0 < sigma_min < sigma_max``.
     """
 
     sigma_min: float = 0.002
     sigma_max: float = 80.0
 
     def __post_init__(self):
+        _finite_floats(self, "sigma_min", "sigma_max")
         _require(self.sigma_min > 0, "process.sigma_min", "> 0", self.sigma_min)
         _require(
             self.sigma_max > self.sigma_min,

@@ -7,7 +7,7 @@ import math
 
 import jax.numpy as jnp
 
-from scorelib.processes.base import Process, _require, broadcast_to_data, register
+from scorelib.processes.base import Process, _finite_floats, _require, broadcast_to_data, register
 
 
 @register
@@ -19,7 +19,8 @@ class VE(Process):
     so that ``d sigma(t)^2 / dt = g(t)^2``.
 
     Raises:
-      ValueError: unless ``0 < sigma_min < sigma_max`` and ``0 <= eps < 1``.
+      ValueError: naming the field, unless all fields are finite reals with
+        ``0 < sigma_min < sigma_max`` and ``0 <= eps < 1``.
     """
 
     sigma_min: float = 0.01
@@ -27,6 +28,7 @@ class VE(Process):
     eps: float = 1e-5
 
     def __post_init__(self):
+        _finite_floats(self, "sigma_min", "sigma_max", "eps")
         _require(self.sigma_min > 0, "process.sigma_min", "> 0", self.sigma_min)
         _require(
             self.sigma_max > self.sigma_min,

@@ -11,7 +11,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from scorelib.processes.base import Process, _require, broadcast_to_data, register
+from scorelib.processes.base import Process, _finite_floats, _require, broadcast_to_data, register
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,6 +21,7 @@ class _LinearBeta(Process):
     eps: float = 1e-3
 
     def __post_init__(self):
+        _finite_floats(self, "beta_min", "beta_max", "eps")
         _require(self.beta_min > 0, "process.beta_min", "> 0", self.beta_min)
         _require(
             self.beta_max >= self.beta_min,
@@ -64,7 +65,8 @@ class VP(_LinearBeta):
     Forward SDE ``dx = -beta(t) x / 2 dt + sqrt(beta(t)) dw``; prior N(0, I).
 
     Raises:
-      ValueError: unless ``0 < beta_min <= beta_max`` and ``0 <= eps < 1``.
+      ValueError: naming the field, unless all fields are finite reals with
+        ``0 < beta_min <= beta_max`` and ``0 <= eps < 1``.
     """
 
     def sigma(self, t):
@@ -97,7 +99,8 @@ class SubVP(_LinearBeta):
     Forward SDE ``dx = -beta(t) x / 2 dt + sqrt(beta(t) (1 - exp(4 m(t)))) dw``; prior N(0, I).
 
     Raises:
-      ValueError: unless ``0 < beta_min <= beta_max`` and ``0 <= eps < 1``.
+      ValueError: naming the field, unless all fields are finite reals with
+        ``0 < beta_min <= beta_max`` and ``0 <= eps < 1``.
     """
 
     def sigma(self, t):

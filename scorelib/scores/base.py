@@ -48,7 +48,10 @@ def score_from_denoiser(process: Process, x: Array, t: Array, denoised: Array) -
 
 
 def denoiser_from_score(process: Process, x: Array, t: Array, score: Array) -> Array:
-    """Tweedie: ``D = (x + sigma(t)^2 score) / alpha(t)``; shapes as in :func:`score_from_denoiser`."""
+    """Tweedie: ``D = (x + sigma(t)^2 score) / alpha(t)``.
+
+    Shapes as in :func:`score_from_denoiser`.
+    """
     a = broadcast_to_data(process.alpha(t), x)
     s = broadcast_to_data(process.sigma(t), x)
     return (x + s**2 * score) / a
@@ -68,13 +71,17 @@ class ScoreSource(struct.PyTreeNode):
     def denoiser(self, x: Array, t: Array) -> Array:
         """Posterior mean ``E[x_0 | x_t = x]`` in data units."""
         if type(self).score is ScoreSource.score:
-            raise NotImplementedError(f"{type(self).__name__} implements neither score nor denoiser")
+            raise NotImplementedError(
+                f"{type(self).__name__} implements neither score nor denoiser"
+            )
         return denoiser_from_score(self.process, x, t, self.score(x, t))
 
     def score(self, x: Array, t: Array) -> Array:
         """``grad_x log p_t(x)`` in units of 1/data."""
         if type(self).denoiser is ScoreSource.denoiser:
-            raise NotImplementedError(f"{type(self).__name__} implements neither score nor denoiser")
+            raise NotImplementedError(
+                f"{type(self).__name__} implements neither score nor denoiser"
+            )
         return score_from_denoiser(self.process, x, t, self.denoiser(x, t))
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
@@ -46,38 +47,60 @@ class GaussianScore(ScoreSource):
     def from_covariance(cls, process, mean, cov, data_shape=None):
         """Build from a mean ``[d]`` and a covariance ``[d, d]`` (symmetric PSD).
 
+        The eigendecomposition is done in float64 numpy; the fields are stored in
+        JAX's default float dtype (float32 unless x64 is enabled).
+
         Raises:
           ValueError: if ``cov`` is not ``[d, d]`` with ``d = mean.size``.
         """
-        mean = np.asarray(mean).reshape(-1)
-        cov = np.asarray(cov)
+        mean = np.asarray(mean, np.float64).reshape(-1)
+        cov = np.asarray(cov, np.float64)
         d = mean.shape[0]
         if cov.shape != (d, d):
             raise ValueError(f"cov must have shape ({d}, {d}) to match mean; got {cov.shape}")
         lam, u = np.linalg.eigh(0.5 * (cov + cov.T))
+        dtype = jax.dtypes.canonicalize_dtype(np.float64)
         return cls(
             process=process,
-            mean=jnp.asarray(mean),
-            eigvecs=jnp.asarray(u),
-            eigvals=jnp.asarray(np.clip(lam, 0.0, None)),
-            residual_var=jnp.asarray(0.0, mean.dtype),
+            mean=jnp.asarray(mean, dtype),
+            eigvecs=jnp.asarray(u, dtype),
+            eigvals=jnp.asarray(np.clip(lam, 0.0, None), dtype),
+            residual_var=jnp.asarray(0.0, dtype),
             data_shape=tuple(data_shape) if data_shape is not None else (d,),
         )
 
-    def _gain(self, t, x, lam):
-        """Per-eigenvalue Wiener gain alpha lam / (alpha^2 lam + sigma^2), broadcast to [batch, r]."""
-        a = broadcast_to_data(self.process.alpha(t), x)
-        s = broadcast_to_data(self.process.sigma(t), x)
-        return a, s, a * lam / (a**2 * lam + s**2)
-
-    def denoiser(self, x, t):
+    def _parts(self, x, t):
+        """Flattened ``x``, ``alpha``/``sigma`` as ``[batch or 1, 1]``, centred ``x - alpha mu``,
+        eigen-coordinates ``[batch, r]`` and the complement ``(I - U U^T)(x - alpha mu)``
+        (``None`` when ``r = d``, where it is zero up to rounding)."""
         check_time_shape(x, t)
         xf = flatten(x)
-        a, s, gain = self._gain(t, xf, self.eigvals)
+        a = broadcast_to_data(self.process.alpha(t), xf)
+        s = broadcast_to_data(self.process.sigma(t), xf)
         centred = xf - a * self.mean
         coef = centred @ self.eigvecs  # [batch, r]
-        inside = (gain * coef) @ self.eigvecs.T
-        outside = centred - coef @ self.eigvecs.T
-        rgain = a * self.residual_var / (a**2 * self.residual_var + s**2)
-        out = self.mean + inside + rgain * outside
+        d, r = self.eigvecs.shape
+        outside = None if r == d else centred - coef @ self.eigvecs.T
+        return xf, a, s, coef, outside
+
+    def denoiser(self, x, t):
+        """``mu + alpha Sigma (alpha^2 Sigma + sigma^2 I)^{-1} (x - alpha mu)``; shape of ``x``."""
+        _, a, s, coef, outside = self._parts(x, t)
+        gain = a * self.eigvals / (a**2 * self.eigvals + s**2)  # Wiener gain [batch, r]
+        out = self.mean + (gain * coef) @ self.eigvecs.T
+        if outside is not None:
+            rgain = a * self.residual_var / (a**2 * self.residual_var + s**2)
+            out = out + rgain * outside
+        return jnp.reshape(out, x.shape)
+
+    def score(self, x, t):
+        """``-(alpha^2 Sigma + sigma^2 I)^{-1} (x - alpha mu)``; shape of ``x``.
+
+        Computed directly rather than through Tweedie, which would subtract two
+        nearly equal numbers and divide by ``sigma^2`` (lossy at small sigma).
+        """
+        _, a, s, coef, outside = self._parts(x, t)
+        out = -(coef / (a**2 * self.eigvals + s**2)) @ self.eigvecs.T
+        if outside is not None:
+            out = out - outside / (a**2 * self.residual_var + s**2)
         return jnp.reshape(out, x.shape)

@@ -46,22 +46,23 @@ class MixtureScore(ScoreSource):
           ValueError: on inconsistent shapes or non-positive weights.
         """
         weights = np.asarray(weights, dtype=np.float64)
-        means = np.asarray(means)
-        covs = np.asarray(covs)
+        means = np.asarray(means, dtype=np.float64)
+        covs = np.asarray(covs, dtype=np.float64)
         if means.ndim != 2:
             raise ValueError(f"means must have shape [K, d]; got {means.shape}")
         k, d = means.shape
-        if weights.shape != (k,) or np.any(weights <= 0):
+        if weights.shape != (k,) or not np.all(np.isfinite(weights) & (weights > 0)):
             raise ValueError(f"weights must be {k} positive numbers; got {weights}")
         if covs.shape != (k, d, d):
             raise ValueError(f"covs must have shape ({k}, {d}, {d}); got {covs.shape}")
         lam, u = np.linalg.eigh(0.5 * (covs + np.swapaxes(covs, -1, -2)))
+        dtype = jax.dtypes.canonicalize_dtype(np.float64)  # float32 unless x64 is enabled
         return cls(
             process=process,
-            log_weights=jnp.asarray(np.log(weights / weights.sum()), means.dtype),
-            means=jnp.asarray(means),
-            eigvecs=jnp.asarray(u),
-            eigvals=jnp.asarray(np.clip(lam, 0.0, None)),
+            log_weights=jnp.asarray(np.log(weights / weights.sum()), dtype),
+            means=jnp.asarray(means, dtype),
+            eigvecs=jnp.asarray(u, dtype),
+            eigvals=jnp.asarray(np.clip(lam, 0.0, None), dtype),
             data_shape=tuple(data_shape) if data_shape is not None else (d,),
         )
 

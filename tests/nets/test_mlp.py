@@ -1,0 +1,65 @@
+"""The MLP network F(x, c_noise): shapes, zero-initialised output, dropout, gradients."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from scorelib.nets import MLP
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _run(graphdef, p0, p, x, c):
+    f = lambda q, rngs=None: nnx.merge(graphdef, q)(x, c, rngs=rngs)
+    return dict(
+        init=f(p0),
+        det=f(p),
+        drop0=f(p, nnx.Rngs(dropout=jax.random.key(0))),
+        drop1=f(p, nnx.Rngs(dropout=jax.random.key(1))),
+        grad=jax.grad(lambda q: jnp.mean(f(q) ** 2))(p),
+    )
+
+
+@pytest.mark.parametrize("data_shape, embedding", [((2,), "fourier"), ((4, 4, 1), "positional")])
+def test_mlp_shape_zero_init_dropout_grad(data_shape, embedding):
+    model = MLP(
+        data_shape, width=16, depth=2, emb_dim=8, embedding=embedding, dropout=0.3, rngs=nnx.Rngs(0)
+    )
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    assert len(jax.tree_util.tree_leaves(rest)) == 0
+    rng = np.random.default_rng(0)
+    trained = jax.tree_util.tree_map(
+        lambda v: v + jnp.asarray(0.1 * rng.normal(size=v.shape), v.dtype), params
+    )
+    x = jnp.asarray(rng.normal(size=(3, *data_shape)), jnp.float32)
+    c = jnp.asarray([-1.0, 0.0, 1.0])
+    o = jax.tree_util.tree_map(np.asarray, _run(graphdef, params, trained, x, c))
+    assert o["init"].shape == x.shape
+    np.testing.assert_array_equal(o["init"], 0.0)
+    assert np.std(o["det"]) > 1e-3
+    np.testing.assert_array_equal(o["det"], _run(graphdef, params, trained, x, c)["det"])
+    assert not np.allclose(o["det"], o["drop0"], atol=1e-5)
+    assert not np.allclose(o["drop0"], o["drop1"], atol=1e-5)
+    leaves = jax.tree_util.tree_leaves(o["grad"])
+    assert all(np.all(np.isfinite(v)) for v in leaves)
+    assert np.max(np.abs(o["grad"]["x_in"]["kernel"][...])) > 0
+    if embedding == "fourier":  # the fixed frequencies get no gradient
+        np.testing.assert_array_equal(o["grad"]["embed"]["freqs"][...], 0.0)
+
+
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        (dict(width=0), "model.width"),
+        (dict(depth=0), "model.depth"),
+        (dict(dropout=1.0), "model.dropout"),
+        (dict(emb_dim=7), "model.emb_dim"),
+        (dict(embedding="nope"), "model.embedding"),
+    ],
+)
+def test_mlp_invalid_config(kw, field):
+    with pytest.raises(ValueError, match=field):
+        MLP((2,), **{**dict(width=4, depth=1, emb_dim=4), **kw}, rngs=nnx.Rngs(0))

@@ -1,0 +1,153 @@
+"""EDM preconditioning and the network score source (Karras et al. 2022, Table 1, eq. 7)."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from scorelib.nets.mlp import MLP
+from scorelib.nets.precond import edm_loss_weight, edm_precond
+from scorelib.processes import EDM, VE, VP, SubVP
+from scorelib.scores import NetworkScore, preconditioned_denoiser
+
+
+@pytest.mark.parametrize(
+    "sigma, sigma_data, c_skip, c_out, c_in, c_noise",
+    [
+        # Computed by hand from Table 1: sigma_d^2/(s^2+sigma_d^2), s sigma_d/sqrt(.), 1/sqrt(.),
+        # ln(s)/4.
+        (0.5, 0.5, 0.5, 0.25 / math.sqrt(0.5), 1 / math.sqrt(0.5), math.log(0.5) / 4),
+        (2.0, 0.5, 0.25 / 4.25, 1.0 / math.sqrt(4.25), 1 / math.sqrt(4.25), math.log(2.0) / 4),
+        (80.0, 1.0, 1 / 6401, 80 / math.sqrt(6401), 1 / math.sqrt(6401), math.log(80.0) / 4),
+    ],
+)
+def test_edm_precond_table_values(sigma, sigma_data, c_skip, c_out, c_in, c_noise):
+    c = edm_precond(sigma, sigma_data)
+    np.testing.assert_allclose(
+        [c.c_skip, c.c_out, c.c_in, c.c_noise], [c_skip, c_out, c_in, c_noise], rtol=1e-6
+    )
+    # Spot values written out: sigma = 0.5 = sigma_data gives c_skip = 1/2, c_in = sqrt 2.
+    if sigma == sigma_data == 0.5:
+        np.testing.assert_allclose([c.c_skip, c.c_in, c.c_out], [0.5, 1.41421356, 0.35355339])
+
+
+@pytest.mark.parametrize("sigma_data", [0.5, 1.3])
+def test_edm_precond_identities(sigma_data):
+    sigma = jnp.asarray([0.002, 0.1, 1.0, 10.0, 80.0])
+    c = edm_precond(sigma, sigma_data)
+    lam = edm_loss_weight(sigma, sigma_data)
+    np.testing.assert_allclose(lam * c.c_out**2, 1.0, rtol=1e-5)  # unit weight on F
+    np.testing.assert_allclose(c.c_skip + (c.c_out / sigma_data) ** 2, 1.0, rtol=1e-5)
+    np.testing.assert_allclose(c.c_in**2 * (sigma**2 + sigma_data**2), 1.0, rtol=1e-5)
+    # Unit-variance training target (y - c_skip (y + n)) / c_out for var(y) = sigma_data^2.
+    target_var = ((1 - c.c_skip) ** 2 * sigma_data**2 + c.c_skip**2 * sigma**2) / c.c_out**2
+    np.testing.assert_allclose(target_var, 1.0, rtol=1e-4)
+    assert c.c_noise.shape == sigma.shape
+
+
+def ref_alpha_sigma(p, t):
+    if isinstance(p, VE):
+        return 1.0, p.sigma_min * (p.sigma_max / p.sigma_min) ** t
+    if isinstance(p, EDM):
+        return 1.0, t
+    a = math.exp(-0.25 * t**2 * (p.beta_max - p.beta_min) - 0.5 * t * p.beta_min)
+    return a, (1 - a**2 if isinstance(p, SubVP) else math.sqrt(1 - a**2))
+
+
+def make_source(p, data_shape, sigma_data=0.5, dropout=0.0, zero_out=True, key=None):
+    model = MLP(data_shape, width=16, depth=2, emb_dim=8, dropout=dropout, rngs=nnx.Rngs(0))
+    if not zero_out:
+        k = model.out.kernel[...]
+        model.out.kernel[...] = jax.random.normal(jax.random.key(5), k.shape) * 0.3
+    graphdef, params = nnx.split(model, nnx.Param)
+    src = NetworkScore(
+        process=p, graphdef=graphdef, params=params, sigma_data=sigma_data, dropout_key=key
+    )
+    return src, model
+
+
+denoiser_fn = jax.jit(lambda src, x, t: src.denoiser(x, t))
+score_fn = jax.jit(lambda src, x, t: src.score(x, t))
+
+
+@pytest.mark.parametrize("p", [EDM(), VP(), SubVP()], ids=repr)
+@pytest.mark.parametrize("data_shape", [(3,), (4, 4, 1)])
+def test_zero_initialised_network_gives_c_skip_x_in_the_ve_frame(p, data_shape):
+    sd = 0.7
+    src, _ = make_source(p, data_shape, sigma_data=sd)
+    x = jax.random.normal(jax.random.key(1), (3, *data_shape))
+    t = 0.5 if not isinstance(p, EDM) else 3.0
+    a, s = ref_alpha_sigma(p, t)
+    ve = s / a
+    d_ref = sd**2 / (ve**2 + sd**2) * np.asarray(x) / a
+    np.testing.assert_allclose(denoiser_fn(src, x, t), d_ref, rtol=1e-4, atol=1e-6)
+    # Tweedie with the closed-form alpha, sigma.
+    np.testing.assert_allclose(
+        score_fn(src, x, t), (a * d_ref - np.asarray(x)) / s**2, rtol=1e-3, atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("p", [EDM(), VP()], ids=repr)
+def test_network_denoiser_is_preconditioned_network(p):
+    src, model = make_source(p, (3,), sigma_data=0.5, zero_out=False)
+    x = jax.random.normal(jax.random.key(2), (4, 3))
+    ts = [0.1, 0.3, 0.6, 0.9] if isinstance(p, VP) else [0.01, 0.5, 5.0, 60.0]
+    out = denoiser_fn(src, x, jnp.asarray(ts))
+    for i, t in enumerate(ts):
+        a, s = ref_alpha_sigma(p, t)
+        ve = s / a
+        xv = np.asarray(x[i : i + 1]) / a
+        c_in, c_noise = 1 / math.sqrt(ve**2 + 0.25), math.log(ve) / 4
+        f = np.asarray(model(jnp.asarray(c_in * xv), jnp.asarray([c_noise])))
+        d_ref = 0.25 / (ve**2 + 0.25) * xv + ve * 0.5 / math.sqrt(ve**2 + 0.25) * f
+        np.testing.assert_allclose(out[i : i + 1], d_ref, rtol=1e-4, atol=1e-5)
+    # The F term matters here (the test is not only checking c_skip x).
+    c_skip_only = 0.25 / (
+        np.asarray([ref_alpha_sigma(p, t)[1] / ref_alpha_sigma(p, t)[0] for t in ts]) ** 2 + 0.25
+    )
+    assert not np.allclose(out, c_skip_only[:, None] * np.asarray(x), atol=1e-3)
+
+
+def test_network_time_shapes():
+    p = VP()
+    src, _ = make_source(p, (4, 4, 1), zero_out=False)
+    x = jax.random.normal(jax.random.key(3), (3, 4, 4, 1))
+    ts = jnp.asarray([0.2, 0.5, 0.8])
+    batched = denoiser_fn(src, x, ts)
+    for i in range(3):
+        np.testing.assert_allclose(
+            batched[i], denoiser_fn(src, x[i : i + 1], ts[i])[0], rtol=1e-5, atol=1e-6
+        )
+    for bad in (ts[:2], ts[:, None]):
+        with pytest.raises(ValueError, match="shape"):
+            denoiser_fn(src, x, bad)
+        with pytest.raises(ValueError, match="shape"):
+            score_fn(src, x, bad)
+
+
+def test_dropout_only_with_a_key():
+    p = EDM()
+    x = jax.random.normal(jax.random.key(4), (4, 3))
+    det, _ = make_source(p, (3,), dropout=0.5, zero_out=False)
+    a1, a2 = denoiser_fn(det, x, 1.0), denoiser_fn(det, x, 1.0)
+    np.testing.assert_array_equal(a1, a2)
+    k1 = det.replace(dropout_key=jax.random.key(0))
+    k2 = det.replace(dropout_key=jax.random.key(1))
+    b1, b1_again, b2 = denoiser_fn(k1, x, 1.0), denoiser_fn(k1, x, 1.0), denoiser_fn(k2, x, 1.0)
+    assert not np.allclose(a1, b1)
+    assert not np.allclose(b1, b2)
+    np.testing.assert_array_equal(b1, b1_again)  # randomness only through the explicit key
+
+
+def test_direct_preconditioned_denoiser_matches_source():
+    src, _ = make_source(EDM(), (3,), zero_out=False)
+    x = jax.random.normal(jax.random.key(6), (2, 3))
+    np.testing.assert_allclose(
+        preconditioned_denoiser(src.graphdef, src.params, x, jnp.asarray([0.3, 2.0]), 0.5),
+        denoiser_fn(src, x, jnp.asarray([0.3, 2.0])),
+        rtol=1e-5,
+        atol=1e-6,
+    )
