@@ -1,4 +1,4 @@
-"""A small CNN classifier whose penultimate activations are the features of FD_digits.
+"""A small CNN classifier whose logits are the features of FD_digits / FD_mnist.
 
 For the bundled image sets (digits 8x8, the MNIST 5k subset 28x28) there are no
 Inception weights, and Inception features of 8x8 images would mean little. A small
@@ -7,6 +7,20 @@ features that separate the classes; the Fréchet distance between Gaussians fitt
 to these features (:func:`scorelib.metrics.frechet.fd_features`) is "FD_digits" /
 "FD_mnist". Numbers are comparable only for the same :class:`ClassifierConfig`
 (the cache key).
+
+Why the 10 logits of a dropout-trained net by default (``feature_layer="logits"``,
+``dropout=0.5``, ``hidden=64``): the test split is small (359 digits), and the
+finite-sample floor of FD (1,000 training images vs the test split) grows with the
+feature dimension, while what should separate a model from a trivial one is class
+structure. Measured on digits (floor = FD of 1,000 train vs test, baseline = FD of
+1,000 raw draws of a Gaussian fitted to the training pixels vs test; 3 subsets /
+3 seeds each): the former default, the 128-d penultimate ReLU layer without dropout,
+gives floor 13.6, baseline 79 (ratio 5.8); the 10-d logits of that same net 2.0 / 33
+(16.5); the default here 1.2 / 57 (ratio 46; 30 to 46 over three training seeds),
+test accuracy 98 to 99.7 %. For the MNIST subset (:func:`mnist_subset_config`,
+1,000 train vs the 1,000 test images) the logits of its dropout net give 1.5 / 169
+(ratio 111; its former 128-d penultimate features 11.6 / 225, ratio 19).
+``feature_layer="hidden"`` keeps the penultimate layer.
 
 Caching: the trained parameters are stored in ``cache_dir`` under a file name that
 hashes the whole config; a missing or unreadable file means "train and write it"
@@ -39,6 +53,7 @@ from scorelib.metrics.frechet import fd_features
 
 _FORMAT_VERSION = 1
 _LOADERS = {"digits": load_digits, "mnist_subset": load_mnist_subset}
+_FEATURE_LAYERS = ("logits", "hidden")
 
 
 def default_cache_dir(environ: Mapping[str, str]) -> Path:
@@ -63,9 +78,12 @@ class ClassifierConfig:
       dataset: ``"digits"`` or ``"mnist_subset"`` (trained on its fixed train split).
       test_fraction, split_seed: the train/test split of the data set.
       channels, strides: one 3x3 convolution (ReLU) per entry.
-      hidden: width of the penultimate dense layer = the feature dimension.
+      hidden: width of the penultimate dense layer.
       steps, batch_size, learning_rate, weight_decay: AdamW with cosine decay.
       shift: random translation augmentation in pixels (0 = none).
+      dropout: dropout rate on the (post-ReLU) hidden layer during training only.
+      feature_layer: ``"logits"`` (the 10 class logits, the default) or
+        ``"hidden"`` (the ``hidden``-wide post-ReLU penultimate layer).
       seed: parameter initialisation and batch seed.
     """
 
@@ -74,12 +92,14 @@ class ClassifierConfig:
     split_seed: int = 0
     channels: tuple[int, ...] = (32, 64)
     strides: tuple[int, ...] = (1, 2)
-    hidden: int = 128
+    hidden: int = 64
     steps: int = 1000
     batch_size: int = 128
     learning_rate: float = 2e-3
     weight_decay: float = 1e-4
     shift: int = 1
+    dropout: float = 0.5
+    feature_layer: str = "logits"
     seed: int = 0
 
     def __post_init__(self):
@@ -92,6 +112,12 @@ class ClassifierConfig:
             raise ValueError("channels and strides must be non-empty and of equal length")
         if self.steps < 1 or self.batch_size < 1 or self.hidden < 1:
             raise ValueError("steps, batch_size and hidden must be >= 1")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1); got {self.dropout}")
+        if self.feature_layer not in _FEATURE_LAYERS:
+            raise ValueError(
+                f"feature_layer must be one of {_FEATURE_LAYERS}; got {self.feature_layer!r}"
+            )
 
     def to_json(self) -> str:
         d = dataclasses.asdict(self)
@@ -105,13 +131,17 @@ class ClassifierConfig:
 
 
 def mnist_subset_config(**overrides) -> ClassifierConfig:
-    """The default config for the MNIST 5k subset (28x28: three stride-2 convolutions)."""
-    base = dict(dataset="mnist_subset", channels=(16, 32, 32), strides=(2, 2, 2), steps=1000)
+    """The default config for the MNIST 5k subset (28x28: three stride-2 convolutions,
+    a 128-wide hidden layer; logits features, dropout 0.5, as for digits)."""
+    base = dict(
+        dataset="mnist_subset", channels=(16, 32, 32), strides=(2, 2, 2), hidden=128, steps=1000
+    )
     return ClassifierConfig(**{**base, **overrides})
 
 
 class CNN(nnx.Module):
-    """``[n, H, W, C] -> logits [n, 10]``; :meth:`features` gives the ``[n, hidden]`` layer."""
+    """``[n, H, W, C] -> logits [n, 10]``; :meth:`features` gives the ``[n, hidden]``
+    post-ReLU penultimate layer."""
 
     def __init__(self, in_shape, channels, strides, hidden, num_classes=10, *, rngs: nnx.Rngs):
         h, w, c = in_shape
@@ -195,9 +225,15 @@ def train_classifier(config: ClassifierConfig, dataset: ImageDataset):
         x = get_batch(x_tr, config.batch_size, seed=idx_seed, step=i)
         y = get_batch(y_tr, config.batch_size, seed=idx_seed, step=i)
         x = _shift(x, jax.random.fold_in(jax.random.key(config.seed + 1), i), config.shift)
+        drop_key = jax.random.fold_in(jax.random.key(config.seed + 2), i)
 
         def loss_fn(p):
-            logits = nnx.merge(graphdef, p)(x)
+            m = nnx.merge(graphdef, p)
+            h = m.features(x)
+            if config.dropout > 0:
+                keep = jax.random.bernoulli(drop_key, 1.0 - config.dropout, h.shape)
+                h = jnp.where(keep, h / (1.0 - config.dropout), 0.0)
+            logits = m.head(h)
             return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
         loss, g = jax.value_and_grad(loss_fn)(params)
@@ -269,7 +305,8 @@ def _load(path: Path, config: ClassifierConfig, in_shape):
 
 
 class FeatureExtractor:
-    """Penultimate-layer features of a trained :class:`CNN`, and FD between image sets.
+    """Features of a trained :class:`CNN` (its logits or its penultimate layer, as
+    ``config.feature_layer`` says), and FD between image sets.
 
     Build with :meth:`load_or_train`. ``info`` holds ``test_accuracy`` and
     ``train_time_s`` (of the original training run), and ``cached`` whether the
@@ -286,8 +323,9 @@ class FeatureExtractor:
         @jax.jit
         def _fwd(params, x):
             m = nnx.merge(self._graphdef, params)
-            f = m.features(x)
-            return f, m.head(f)
+            h = m.features(x)
+            logits = m.head(h)
+            return (logits if config.feature_layer == "logits" else h), logits
 
         self._fwd = _fwd
 
@@ -341,7 +379,8 @@ class FeatureExtractor:
         return np.concatenate(feats), np.concatenate(logits)
 
     def features(self, images) -> np.ndarray:
-        """``images: [n, H, W, C]`` in ``[-1, 1]`` -> ``[n, hidden]`` float32 features.
+        """``images: [n, H, W, C]`` in ``[-1, 1]`` -> ``[n, f]`` float32 features
+        (``f = 10`` for ``feature_layer="logits"``, ``hidden`` for ``"hidden"``).
 
         Raises:
           ValueError: if the images are not ``[n, *input_shape]``.
