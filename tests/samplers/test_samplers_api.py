@@ -1,0 +1,208 @@
+"""Validation before compilation, the registry, NFE accounting, keys and batch independence."""
+
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from sampler_helpers import PROCESSES, Gauss
+
+from scorelib.samplers import SAMPLERS, edm_grid, get_sampler, ode, sde
+from scorelib.scores import GaussianScore
+
+D = 3
+G = Gauss(D, [0.0, 0.4, 1.5])
+STOCHASTIC = {
+    "euler_maruyama": {},
+    "pc": dict(n_corrector=2),
+    "annealed_langevin": dict(n_steps_each=3),
+    "heun": dict(S_churn=10.0, S_min=0.05, S_max=50.0, S_noise=1.007),
+}
+ALL = {**{k: {} for k in SAMPLERS}, **STOCHASTIC}
+
+
+def test_get_sampler_unknown_name_lists_names():
+    assert get_sampler("heun") is SAMPLERS["heun"]
+    with pytest.raises(ValueError, match="sampler.name") as e:
+        get_sampler("ddim")
+    for name in SAMPLERS:
+        assert name in str(e.value)
+
+
+@pytest.fixture
+def no_compile(monkeypatch):
+    """Replace every jitted core by a function that fails the test if reached."""
+
+    def boom(*a, **k):
+        raise AssertionError("reached the compiled core: validation came too late")
+
+    for mod, name in [(ode, "_heun_core"), (ode, "_dpmpp_2m_core"), (sde, "_sde_core"),
+                      (sde, "_annealed_langevin_core")]:
+        monkeypatch.setattr(mod, name, boom)
+
+
+BAD_COMMON = [
+    (dict(grid=np.array([1.0, 2.0, 0.0])), "sampler.grid"),
+    (dict(grid=np.array([5.0, 0.0, 0.0])), "sampler.grid"),
+    (dict(grid=np.array([5.0, 0.0, 1.0])), "sampler.grid"),
+    (dict(grid=np.array([5.0])), "sampler.grid"),
+    (dict(grid=np.array([5.0, -1.0])), "sampler.grid"),
+    (dict(grid=np.array([5.0, np.nan, 0.0])), "sampler.grid"),
+    (dict(grid=np.array([1.0, 1.0 - 1e-9, 0.0])), "float64=True"),
+    (dict(x_T=np.zeros((4, D + 1))), "x_T must have shape"),
+    (dict(x_T=np.zeros((3, D))), "x_T must have shape"),
+    (dict(shape=(4, D + 1)), "data_shape"),
+    (dict(shape=(0, D)), "shape"),
+    (dict(first_index=-1), "first_index"),
+    (dict(key=np.zeros(3, np.uint32)), "key"),
+]
+
+
+@pytest.mark.parametrize("name", list(SAMPLERS))
+@pytest.mark.parametrize("bad,match", BAD_COMMON)
+def test_bad_common_input_raises_before_compiling(name, bad, match, no_compile):
+    args = dict(key=jax.random.key(0), shape=(4, D), grid=edm_grid(3))
+    args.update(bad)
+    src = G.source(PROCESSES["edm"])
+    with pytest.raises(ValueError, match=match):
+        SAMPLERS[name](src, args.pop("key"), args.pop("shape"), **args)
+
+
+@pytest.mark.parametrize(
+    "name,opts,field",
+    [
+        ("heun", dict(S_churn=-1.0), "sampler.S_churn"),
+        ("heun", dict(S_min=-0.1), "sampler.S_min"),
+        ("heun", dict(S_min=2.0, S_max=1.0), "sampler.S_max"),
+        ("heun", dict(S_noise=0.0), "sampler.S_noise"),
+        ("pc", dict(snr=0.0), "sampler.snr"),
+        ("pc", dict(n_corrector=-1), "sampler.n_corrector"),
+        ("pc", dict(n_corrector=1.5), "sampler.n_corrector"),
+        ("annealed_langevin", dict(n_steps_each=0), "sampler.n_steps_each"),
+        ("annealed_langevin", dict(eps=-1e-5), "sampler.eps"),
+        ("dpmpp_2m", dict(unroll=0), "sampler.unroll"),
+    ],
+)
+def test_bad_options_raise_before_compiling(name, opts, field, no_compile):
+    with pytest.raises(ValueError, match=field):
+        SAMPLERS[name](G.source(PROCESSES["vp"]), jax.random.key(0), (2, D), grid=edm_grid(3),
+                       **opts)
+
+
+def test_time_of_wrong_shape_is_rejected_by_sources():
+    src = G.source(PROCESSES["vp"])
+    with pytest.raises(ValueError, match="t must be a scalar or have shape"):
+        src.score(jnp.zeros((4, D)), jnp.full((3,), 0.5))
+
+
+class CountingGaussian(GaussianScore):
+    """Counts score/denoiser calls (one batched NFE each) from inside the compiled code.
+
+    A call made from within another (score via denoiser or back) is not counted twice:
+    the guard is a trace-time flag, the tick a runtime callback.
+    """
+
+    def denoiser(self, x, t):
+        return _counted(super().denoiser, x, t)
+
+    def score(self, x, t):
+        return _counted(super().score, x, t)
+
+
+_COUNT = [0]
+_INSIDE = [False]
+
+
+def _counted(fn, x, t):
+    if _INSIDE[0]:
+        return fn(x, t)
+    _INSIDE[0] = True
+    try:
+        jax.debug.callback(_tick)
+        return fn(x, t)
+    finally:
+        _INSIDE[0] = False
+
+
+def _tick():
+    _COUNT[0] += 1
+
+
+@pytest.mark.parametrize(
+    "name,final_zero",
+    [(k, True) for k in SAMPLERS] + [("heun", False), ("dpmpp_2m", False),
+                                     ("annealed_langevin", False)],
+)
+def test_nfe_equals_the_counted_model_calls(name, final_zero):
+    """fault-kinds #3: N requested steps make exactly the documented number of calls."""
+    g = Gauss(D, [0.0, 0.4, 1.5])
+    src = g.source(PROCESSES["vp"])
+    src = CountingGaussian(**{f: getattr(src, f) for f in src.__dataclass_fields__})
+    n = 4
+    grid = edm_grid(n, final_zero=final_zero)
+    _COUNT[0] = 0
+    x, info = SAMPLERS[name](src, jax.random.key(0), (2, D), grid=grid, **ALL[name])
+    jax.block_until_ready(x)
+    jax.effects_barrier()
+    expected = {
+        "heun": 2 * n - (1 if final_zero else 0),
+        "dpmpp_2m": n,
+        "euler_maruyama": n,
+        "pf_ode_euler": n,
+        "pc": n * 3,
+        "annealed_langevin": (n if final_zero else n + 1) * 3 + (1 if final_zero else 0),
+    }[name]
+    assert info["nfe"] == expected == _COUNT[0]
+    assert isinstance(info["nfe"], int)
+
+
+@pytest.mark.parametrize("name", list(SAMPLERS))
+def test_same_key_same_samples_and_batch_split(name):
+    src = G.source(PROCESSES["subvp"])
+    opts = ALL[name]
+    grid = edm_grid(5)
+    key = jax.random.key(7)
+    f = SAMPLERS[name]
+    a, _ = f(src, key, (6, D), grid=grid, **opts)
+    b, _ = f(src, key, (6, D), grid=grid, **opts)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # per-example keys by fold_in: halves drawn with first_index give the same samples
+    h1, _ = f(src, key, (3, D), grid=grid, **opts)
+    h2, _ = f(src, key, (3, D), grid=grid, first_index=3, **opts)
+    np.testing.assert_allclose(np.concatenate([h1, h2]), a, rtol=1e-5, atol=1e-5)
+    # and the key matters (the prior draw, and the step noise where there is any)
+    c, _ = f(src, jax.random.key(8), (6, D), grid=grid, **opts)
+    assert np.min(np.abs(np.asarray(c) - np.asarray(a)).max(axis=1)) > 1e-3
+
+
+def test_raw_uint32_keys_are_accepted():
+    src = G.source(PROCESSES["edm"])
+    a, _ = SAMPLERS["euler_maruyama"](src, jax.random.PRNGKey(3), (2, D), grid=edm_grid(3))
+    assert np.all(np.isfinite(np.asarray(a)))
+
+
+def test_heun_restart_from_grid_tail_is_the_same_run():
+    """fault-kinds #2: stopping at grid index k and restarting on grid[k:] from that state."""
+    src = G.source(PROCESSES["vp"])
+    grid = edm_grid(8)
+    key = jax.random.key(1)
+    whole, _ = SAMPLERS["heun"](src, key, (4, D), grid=grid)
+    k = 3
+    head, _ = SAMPLERS["heun"](src, key, (4, D), grid=grid[: k + 1])
+    tail, info = SAMPLERS["heun"](src, key, (4, D), grid=grid[k:], x_T=head)
+    np.testing.assert_allclose(tail, whole, rtol=1e-5, atol=1e-5)
+    assert info["nfe"] == 2 * (8 - k) - 1
+
+
+def test_float64_state_and_no_x64_leak():
+    src64 = G.source(PROCESSES["vp"], x64=True)
+    x_T = np.random.default_rng(0).normal(size=(2, D)) * 80.0
+    x, _ = SAMPLERS["dpmpp_2m"](src64, jax.random.key(0), (2, D), grid=edm_grid(3), x_T=x_T,
+                                float64=True)
+    assert x.dtype == np.float64
+    assert not jax.config.jax_enable_x64
+    assert jnp.zeros(1).dtype == jnp.float32
+    y, _ = SAMPLERS["dpmpp_2m"](G.source(PROCESSES["vp"]), jax.random.key(0), (2, D),
+                                grid=edm_grid(3), x_T=x_T)
+    assert y.dtype == np.float32
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-4)
