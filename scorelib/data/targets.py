@@ -281,7 +281,9 @@ class GaussianMixtureTarget(Target):
         diff = x[:, None, :] - m[None]  # [b, K, d]
         coef = jnp.einsum("bkd,kde->bke", diff, u)  # eigen-coordinates
         logn = -0.5 * (
-            jnp.sum(coef**2 / lam, -1) + jnp.sum(jnp.log(lam), -1) + self.dim * math.log(2 * math.pi)
+            jnp.sum(coef**2 / lam, -1)
+            + jnp.sum(jnp.log(lam), -1)
+            + self.dim * math.log(2 * math.pi)
         )
         comp_score = -jnp.einsum("bke,kde->bkd", coef / lam, u)
         return logn + logw, comp_score
@@ -312,7 +314,9 @@ class GaussianMixtureTarget(Target):
     def covariance(self) -> np.ndarray:
         """``[d, d]`` mixture covariance ``sum_k w_k (C_k + m_k m_k^T) - mu mu^T``."""
         mu = self.mean
-        second = np.einsum("k,kij->ij", self.weights, self.covs + self.means[:, :, None] * self.means[:, None, :])
+        second = np.einsum(
+            "k,kij->ij", self.weights, self.covs + self.means[:, :, None] * self.means[:, None, :]
+        )
         return second - np.outer(mu, mu)
 
     @property
@@ -345,7 +349,9 @@ def random_gaussian_mixture(
       ValueError: for ``dim < 1``, ``n_components < 1`` or a bad ``var_range``.
     """
     if int(dim) < 1 or int(n_components) < 1:
-        raise ValueError(f"target.dim and target.n_components must be >= 1; got {dim}, {n_components}")
+        raise ValueError(
+            f"target.dim and target.n_components must be >= 1; got {dim}, {n_components}"
+        )
     lo, hi = (float(v) for v in var_range)
     if not 0 < lo <= hi:
         raise ValueError(f"target.var_range must satisfy 0 < lo <= hi; got {var_range!r}")
@@ -429,7 +435,9 @@ class ManyWellTarget(Target):
         if dim < 1:
             raise ValueError(f"target.dim must be >= 1; got {dim}")
         if gaussian_pairs and dim % 2:
-            raise ValueError(f"target.dim must be even when target.gaussian_pairs is true; got {dim}")
+            raise ValueError(
+                f"target.dim must be even when target.gaussian_pairs is true; got {dim}"
+            )
         if not a > 0:
             raise ValueError(f"target.a must be > 0 (a confining quartic); got {a}")
         if int(grid_size) < 101:
@@ -440,7 +448,12 @@ class ManyWellTarget(Target):
             return -(a * x**4 - b * x**2 - c * x)
 
         # A generous range, then trim it to where the density is within _TAIL_NATS of its max.
-        r = 1.0 + 2.0 * math.sqrt(max(b, 0.0) / a) + (abs(c) / a) ** (1 / 3) + (4 * _TAIL_NATS / a) ** 0.25
+        r = (
+            1.0
+            + 2.0 * math.sqrt(max(b, 0.0) / a)
+            + (abs(c) / a) ** (1 / 3)
+            + (4 * _TAIL_NATS / a) ** 0.25
+        )
         coarse = np.linspace(-r, r, 200001)
         lp = neg_energy(coarse)
         keep = np.nonzero(lp >= lp.max() - _TAIL_NATS)[0]
@@ -481,7 +494,7 @@ class ManyWellTarget(Target):
         return int(self.well_mask.sum())
 
     def neg_energy_1d(self, x: Array) -> Array:
-        """Unnormalised 1-D double-well log-density ``-E(x) = -a x^4 + b x^2 + c x`` (elementwise)."""
+        """Unnormalised 1-D double-well log-density ``-E(x) = -a x^4 + b x^2 + c x``."""
         return -(self.a * x**4 - self.b * x**2 - self.c * x)
 
     def grad_neg_energy_1d(self, x: Array) -> Array:
@@ -553,7 +566,9 @@ class ManyWellNoisyScore(ScoreSource):
     def _well_score_grid(self, y_ve, s):
         g = self.target.grid
         grid = jnp.asarray(np.linspace(g[0], g[-1], self.quad_size), jnp.float32)
-        logit = self.target.neg_energy_1d(grid) - 0.5 * ((grid - y_ve[..., None]) / s[..., None]) ** 2
+        logit = (
+            self.target.neg_energy_1d(grid) - 0.5 * ((grid - y_ve[..., None]) / s[..., None]) ** 2
+        )
         return jnp.sum(jax.nn.softmax(logit, -1) * self.target.grad_neg_energy_1d(grid), -1)
 
     def score(self, x, t):

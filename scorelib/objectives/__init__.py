@@ -2,7 +2,13 @@
 
 from scorelib.objectives.base import Objective, reduce_per_example
 from scorelib.objectives.dsm import DSM, EDMLoss
-from scorelib.objectives.tsm import KAPPAS, TSM, MixedScoreMatching, kappa_schedule
+from scorelib.objectives.tsm import (
+    KAPPAS,
+    TSM,
+    MixedScoreMatching,
+    kappa_schedule,
+    label_residuals,
+)
 
 OBJECTIVES = {"dsm": DSM, "edm": EDMLoss, "tsm": TSM, "mixed": MixedScoreMatching}
 
@@ -14,6 +20,7 @@ __all__ = [
     "MixedScoreMatching",
     "KAPPAS",
     "kappa_schedule",
+    "label_residuals",
     "OBJECTIVES",
     "reduce_per_example",
 ]

@@ -48,6 +48,7 @@ Array = Any
 
 KAPPAS = ("tsm", "dsm", "switch", "log_linear", "gaussian_optimal")
 T_SAMPLINGS = ("uniform", "log_sigma")
+WEIGHTINGS = DSM_WEIGHTINGS + ("alpha2", "relative")
 
 
 def kappa_schedule(
@@ -93,7 +94,18 @@ class MixedScoreMatching(Objective):
       sigma_lo, sigma_hi: VE-frame thresholds of ``'log_linear'``, ``0 < lo < hi``.
       sigma_d: data std of ``'gaussian_optimal'``; ``None`` -> ``target.sigma_data``.
       weighting: ``lambda(t)``: ``'sigma2'`` (``sigma(t)^2``, default), ``'likelihood'``
-        (``g(t)^2``) or ``'none'``, exactly as :class:`scorelib.objectives.DSM`.
+        (``g(t)^2``) or ``'none'`` (1), exactly as :class:`scorelib.objectives.DSM`; or
+        ``'alpha2'`` (``alpha(t)^2``), which makes pure TSM the normalised form
+        ``||alpha s_theta - grad log p_0(x_0)||^2`` (``methods/02`` Sec. 2.2) and weights
+        every noise level by the size of its score rather than of its DSM label noise
+        (equal to ``'none'`` for VE and EDM). ``'sigma2'`` suits labels whose variance
+        grows like ``1/sigma^2`` (DSM); ``'alpha2'`` suits labels whose variance stays
+        bounded as ``sigma -> 0`` (TSM, and the mixtures whose ``kappa -> 1`` there).
+        ``'relative'``: ``alpha^2 (sigma_d^2 + sigma_ve^2) / sigma_d^2``, the inverse of the
+        mean squared score of ``N(0, sigma_d^2 I)`` data per coordinate, so that every noise
+        level counts by its *relative* score error: ``alpha^2`` at low noise and
+        ``sigma^2 / sigma_d^2`` at high noise (EDM's weighting of the denoiser, Karras et
+        al. 2022 Table 1, written for the score, is ``sigma_ve^2`` times this).
       reduce: ``'mean'`` or ``'sum'`` over the data axes.
       t_range: ``(lo, hi)`` process times to sample; default ``(t_min, t_max)``.
       t_sampling: ``'uniform'`` in ``t`` (like DSM) or ``'log_sigma'``: ``log
@@ -133,18 +145,21 @@ class MixedScoreMatching(Objective):
             object.__setattr__(self, f, float(v))
         if not self.sigma_lo < self.sigma_hi:
             raise ValueError(
-                f"objective.sigma_lo must be < objective.sigma_hi; got {self.sigma_lo} >= {self.sigma_hi}"
+                "objective.sigma_lo must be < objective.sigma_hi; got "
+                f"{self.sigma_lo} >= {self.sigma_hi}"
             )
         if self.sigma_d is not None:
             if not (isinstance(self.sigma_d, (int, float)) and self.sigma_d > 0):
                 raise ValueError(f"objective.sigma_d must be > 0 or null; got {self.sigma_d!r}")
             object.__setattr__(self, "sigma_d", float(self.sigma_d))
-        if self.weighting not in DSM_WEIGHTINGS:
+        if self.weighting not in WEIGHTINGS:
             raise ValueError(
-                f"objective.weighting must be one of {list(DSM_WEIGHTINGS)}; got {self.weighting!r}"
+                f"objective.weighting must be one of {list(WEIGHTINGS)}; got {self.weighting!r}"
             )
         if self.reduce not in REDUCTIONS:
-            raise ValueError(f"objective.reduce must be one of {list(REDUCTIONS)}; got {self.reduce!r}")
+            raise ValueError(
+                f"objective.reduce must be one of {list(REDUCTIONS)}; got {self.reduce!r}"
+            )
         if self.t_sampling not in T_SAMPLINGS:
             raise ValueError(
                 f"objective.t_sampling must be one of {list(T_SAMPLINGS)}; got {self.t_sampling!r}"
@@ -176,7 +191,12 @@ class MixedScoreMatching(Objective):
         )
 
     def weight(self, t: Array) -> Array:
-        """``lambda(t)``: ``[batch]`` (the same weightings as DSM)."""
+        """``lambda(t)``: ``[batch]`` (DSM's weightings, and ``alpha(t)^2``)."""
+        if self.weighting == "alpha2":
+            return self.process.alpha(t) ** 2
+        if self.weighting == "relative":
+            sd2 = self.data_std**2
+            return self.process.alpha(t) ** 2 * (sd2 + self.process.ve_sigma(t) ** 2) / sd2
         return DSM(self.process, weighting=self.weighting).weight(t)
 
     def sample_t(self, key: jax.Array, batch: int, dtype=jnp.float32) -> Array:
@@ -212,7 +232,14 @@ class MixedScoreMatching(Objective):
         else:
             u_tsm = self.target.score(x0) / alpha
             u = u_tsm if self.kappa == "tsm" else k * u_tsm + (1.0 - k) * u_dsm
-        return {"xt": xt, "u_dsm": u_dsm, "u_tsm": u_tsm, "u": u, "kappa": kappa, "sigma_ve": sigma_ve}
+        return {
+            "xt": xt,
+            "u_dsm": u_dsm,
+            "u_tsm": u_tsm,
+            "u": u,
+            "kappa": kappa,
+            "sigma_ve": sigma_ve,
+        }
 
     def per_example(self, source, x0, key):
         """``lambda(t) reduce((source.score(x_t, t) - u)^2)``: ``([batch], aux)``.
@@ -248,3 +275,31 @@ class TSM(MixedScoreMatching):
                 f"objective.kappa of TSM must be 'tsm'; got {self.kappa!r} (use MixedScoreMatching)"
             )
         super().__post_init__()
+
+
+def label_residuals(objective: MixedScoreMatching, truth, x0: Array, t: Array, eps: Array) -> dict:
+    """Squared distance of each regression label to the true noisy score, per example.
+
+    Since ``E[u | x_t] = s_t(x_t)`` for every label, the mean of ``||u - s_t(x_t)||^2``
+    over ``(x_0, eps)`` is the conditional label variance ``E_{x_t} tr Cov[u | x_t]``:
+    the part of the loss no model can remove, and the noise in its gradient
+    (De Bortoli et al. 2024, Sec. 2; ``methods/02`` Sec. 2.2).
+
+    Args:
+      objective: a :class:`MixedScoreMatching` (its ``kappa`` gives ``u``).
+      truth: a score source of the exact noisy score under ``objective.process``
+        (e.g. ``target.noisy_score(process)``).
+      x0: ``[b, d]`` clean samples; t: ``[b]`` process times; eps: ``[b, d]`` noise.
+
+    Returns:
+      ``{"u", "u_dsm", "u_tsm"}`` -> ``[b]`` squared Euclidean norms (summed over the data
+      axes, so DSM's grows like ``d / sigma_ve^2`` at low noise).
+    """
+    lab = objective.labels(x0, t, eps)
+    s = truth.score(lab["xt"], t)
+    if objective.kappa == "dsm":  # u_tsm was not computed
+        lab = {**lab, "u_tsm": objective.replace(kappa="tsm").labels(x0, t, eps)["u_tsm"]}
+    return {
+        k: jnp.sum((lab[k] - s) ** 2, axis=tuple(range(1, x0.ndim)))
+        for k in ("u", "u_dsm", "u_tsm")
+    }

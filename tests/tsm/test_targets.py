@@ -107,7 +107,8 @@ def test_manywell_normaliser_and_log_prob_against_scipy_quad():
     assert abs(m.log_z1 - math.log(z)) < 1e-9
     x = jnp.asarray([[1.7, 0.3], [-1.5, -2.0], [0.0, 0.0]], jnp.float32)
     ref = [
-        math.log(_well_pdf_unnorm(float(a)) / z) + stats.norm.logpdf(float(b)) for a, b in np.asarray(x)
+        math.log(_well_pdf_unnorm(float(a)) / z) + stats.norm.logpdf(float(b))
+        for a, b in np.asarray(x)
     ]
     np.testing.assert_allclose(m.log_prob(x), ref, rtol=1e-6, atol=1e-4)
 
@@ -167,7 +168,7 @@ def test_manywell_noisy_score_against_scipy_convolution(process):
         t = float(process.t_of_ve_sigma(jnp.asarray(s_ve, jnp.float32)))
         a, sig = float(process.alpha(t)), float(process.sigma(t))
 
-        def p_t(y):
+        def p_t(y, a=a, sig=sig):
             f = lambda x0: _well_pdf_unnorm(x0) / z * stats.norm.pdf(y, a * x0, sig)
             c = y / a
             pts = sorted({-1.7, 1.7, max(min(c, 3.5), -3.5)})

@@ -112,7 +112,9 @@ def test_dsm_and_tsm_gradients_agree_in_expectation_on_a_linear_model(process, t
     # power: a TSM label built from a *wrong* target score (every component's
     # covariance inflated by 30%) gives a gradient the same test detects.
     wrong = GaussianMixtureTarget.create(target.weights, target.means, 1.3 * target.covs)
-    bad = _per_example_grads(MixedScoreMatching(process, wrong, kappa="tsm", t_range=t_range), src, x0, key)
+    bad = _per_example_grads(
+        MixedScoreMatching(process, wrong, kappa="tsm", t_range=t_range), src, x0, key
+    )
     diff = bad - grads["dsm"]
     se = diff.std(0) / math.sqrt(n)
     assert np.max(np.abs(diff.mean(0)) / se) > 2 * Z
@@ -155,7 +157,9 @@ def test_gaussian_optimal_label_has_zero_variance_for_gaussian_data(process):
     target = GaussianMixtureTarget.create([1.0], [[0.5, -1.0, 2.0]], stds=[sd])
     n = 2000
     r = _label_residuals(process, target, "gaussian_optimal", SIGMAS_OPT, n, 0)
-    r_wrong = _label_residuals(process, target, "gaussian_optimal", SIGMAS_OPT, n, 0, sigma_d=1.4 * sd)
+    r_wrong = _label_residuals(
+        process, target, "gaussian_optimal", SIGMAS_OPT, n, 0, sigma_d=1.4 * sd
+    )
     aniso = GaussianMixtureTarget.create([1.0], [[0.0, 0.0]], [np.diag([0.2, 1.5])])
     r_aniso = _label_residuals(process, aniso, "gaussian_optimal", SIGMAS_OPT, n, 0)
     for i, s_ve in enumerate(SIGMAS_OPT):
@@ -310,4 +314,36 @@ def test_objective_is_hashable_and_jits():
     src = LinearScore(process=p, A=-jnp.eye(1), b=jnp.zeros(1), c=jnp.zeros(1))
     x0 = jnp.ones((4, 1))
     f = jax.jit(lambda o, s, x, k: o(s, x, k)[0])
-    np.testing.assert_allclose(f(obj, src, x0, jax.random.key(0)), obj(src, x0, jax.random.key(0))[0], rtol=1e-6)
+    np.testing.assert_allclose(
+        f(obj, src, x0, jax.random.key(0)), obj(src, x0, jax.random.key(0))[0], rtol=1e-6
+    )
+
+
+def test_weightings():
+    """lambda(t): sigma^2 and g^2 as DSM, alpha^2 (normalised TSM), and the relative weighting."""
+    p = VP()
+    tg = gmm_1d()
+    t = jnp.asarray([0.05, 0.5, 0.95])
+    a, s = np.asarray(p.alpha(t)), np.asarray(p.sigma(t))
+    np.testing.assert_allclose(
+        MixedScoreMatching(p, tg, weighting="sigma2").weight(t), s**2, rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        MixedScoreMatching(p, tg, weighting="likelihood").weight(t),
+        DSM(p, weighting="likelihood").weight(t),
+    )
+    np.testing.assert_allclose(TSM(p, tg, weighting="alpha2").weight(t), a**2, rtol=1e-6)
+    sd = 0.8
+    rel = MixedScoreMatching(p, tg, weighting="relative", sigma_d=sd).weight(t)
+    np.testing.assert_allclose(rel, a**2 * (sd**2 + (s / a) ** 2) / sd**2, rtol=1e-5)
+    # pure TSM with alpha2 is the normalised loss ||alpha s_theta - grad log p0(x0)||^2
+    src = LinearScore(process=p, A=-jnp.eye(1), b=jnp.zeros(1), c=jnp.zeros(1))
+    x0 = tg.sample(jax.random.key(0), 5)
+    obj = TSM(p, tg, weighting="alpha2", reduce="sum")
+    loss, aux = obj.per_example(src, x0, jax.random.key(1))
+    kt, ke = jax.random.split(jax.random.key(1))
+    tt = obj.sample_t(kt, 5)
+    xt = p.marginal_sample(x0, tt, jax.random.normal(ke, x0.shape))
+    at = p.alpha(tt)[:, None]
+    ref = jnp.sum((at * src.score(xt, tt) - tg.score(x0)) ** 2, -1)
+    np.testing.assert_allclose(loss, ref, rtol=1e-4)

@@ -1,0 +1,86 @@
+"""Paper reproductions: ``python -m experiments.reproduce table=<name> [table.<field>=...]``.
+
+The ``table`` config group (``configs/table/<name>.yaml``) selects the reproduction; its
+``name`` field is the module ``experiments/tables/<name>.py`` whose
+``run(cfg, run_dir, log=print)`` computes it (an optional ``runner: module:function``
+field overrides the lookup). The app writes every table as markdown, CSV and LaTeX with
+the seeds and this exact command, the figure(s), and ``metadata.json`` (resolved config,
+versions, git revision, wall time) into Hydra's run directory,
+``outputs/reproduce/<name>/<overrides>`` (a pure function of the command line).
+
+Examples::
+
+    python -m experiments.reproduce table=tsm_low_noise
+    python -m experiments.reproduce table=tsm_low_noise table.scale=smoke
+    python -m experiments.reproduce table=gaussian_teleport
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import time
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from experiments.common import clean_errors
+from experiments.tables.common import command_line, write_report
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def resolve_runner(table_cfg: DictConfig):
+    """The ``run`` function of a table config.
+
+    Raises:
+      ValueError: when ``table.name`` is missing or not an identifier, or the module or
+        function cannot be imported (the message names the field).
+    """
+    runner = table_cfg.get("runner")
+    name = table_cfg.get("name")
+    if runner:
+        mod_name, _, fn_name = str(runner).partition(":")
+        fn_name = fn_name or "run"
+        field = "table.runner"
+    else:
+        if not name or not _NAME.match(str(name)):
+            raise ValueError(f"table.name must name a module of experiments/tables; got {name!r}")
+        mod_name, fn_name, field = f"experiments.tables.{name}", "run", "table.name"
+    try:
+        module = importlib.import_module(mod_name)
+    except ModuleNotFoundError as e:
+        if e.name and mod_name.startswith(e.name):
+            raise ValueError(f"{field}: no table module {mod_name!r}") from e
+        raise
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise ValueError(f"{field}: {mod_name} has no function {fn_name!r}")
+    return fn
+
+
+@clean_errors
+def reproduce(cfg: DictConfig) -> Path:
+    """Run the selected table and write its report; returns the path of ``<name>.md``."""
+    run = resolve_runner(cfg.table)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    command = command_line()
+    t0 = time.perf_counter()
+    result = run(cfg.table, run_dir, log=lambda msg: print(msg, flush=True))
+    wall = time.perf_counter() - t0
+    path = write_report(
+        run_dir, str(cfg.table.name), result, cfg.table, command=command, wall_s=wall
+    )
+    print(f"wrote {path} ({wall:.0f} s)", flush=True)
+    return path
+
+
+@hydra.main(config_path="../configs", config_name="reproduce", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    reproduce(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""The shared table writer of ``python -m experiments.reproduce``.
+
+A table is ``{"name", "caption", "columns": [str], "rows": [[cell]]}``; cells are
+numbers, strings or ``None``. :func:`write_report` writes, into the run directory,
+
+* ``<table>_<name>.md``, ``.csv`` and ``.tex`` for every table (CSV keeps full
+  precision; markdown and LaTeX show 3 significant digits);
+* ``<table>.md``: every table, the notes, the seeds, the exact command and the
+  figure(s), in one file;
+* ``metadata.json``: the resolved table config, the command, the seeds, package
+  versions, the git revision, the wall time and the machine.
+
+A ``paper`` column holds the paper's value or claim where one exists (empty
+otherwise); tables add it themselves.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+Cell = Any
+
+
+# ------------------------------------------------------------------------- formatting
+def fmt(v: Cell, sig: int = 3) -> str:
+    """A cell as text: floats with ``sig`` significant digits, ``None`` empty."""
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        if v == 0:
+            return "0"
+        if 1e-3 <= abs(v) < 1e4:
+            return f"{v:.{sig}g}"
+        return f"{v:.{sig - 1}e}"
+    try:  # numpy scalars
+        import numpy as np
+
+        if isinstance(v, np.integer):
+            return str(int(v))
+        if isinstance(v, np.floating):
+            return fmt(float(v), sig)
+    except ImportError:  # pragma: no cover
+        pass
+    return str(v)
+
+
+def pm(mean: float, std: float, sig: int = 3) -> str:
+    """``"mean ± std"`` for tables that report a spread over seeds."""
+    return f"{fmt(float(mean), sig)} ± {fmt(float(std), 2)}"
+
+
+def _check(columns: Sequence[str], rows: Sequence[Sequence[Cell]], name: str) -> None:
+    for i, r in enumerate(rows):
+        if len(r) != len(columns):
+            raise ValueError(
+                f"table {name!r}: row {i} has {len(r)} cells for {len(columns)} columns"
+            )
+
+
+def to_markdown(columns: Sequence[str], rows: Sequence[Sequence[Cell]]) -> str:
+    """A GitHub markdown table (``|`` in cells escaped)."""
+    esc = lambda s: str(s).replace("|", "\\|")
+    lines = [
+        "| " + " | ".join(esc(c) for c in columns) + " |",
+        "|" + "|".join("---" for _ in columns) + "|",
+    ]
+    lines += ["| " + " | ".join(esc(fmt(v)) for v in r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(columns: Sequence[str], rows: Sequence[Sequence[Cell]]) -> str:
+    """CSV with full precision (``repr`` of floats), ``None`` empty."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(columns)
+    for r in rows:
+        w.writerow(["" if v is None else (repr(float(v)) if _is_float(v) else v) for v in r])
+    return buf.getvalue()
+
+
+def _is_float(v) -> bool:
+    if isinstance(v, bool):
+        return False
+    if isinstance(v, float):
+        return True
+    try:
+        import numpy as np
+
+        return isinstance(v, np.floating)
+    except ImportError:  # pragma: no cover
+        return False
+
+
+_TEX = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "±": r"$\pm$",
+    "≪": r"$\ll$",
+    "≈": r"$\approx$",
+    "σ": r"$\sigma$",
+    "κ": r"$\kappa$",
+}
+
+
+def tex_escape(s: str) -> str:
+    return "".join(_TEX.get(ch, ch) for ch in str(s))
+
+
+def to_latex(
+    columns: Sequence[str], rows: Sequence[Sequence[Cell]], caption: str, label: str
+) -> str:
+    """A ``booktabs`` table (needs ``\\usepackage{booktabs}``)."""
+    spec = "l" * len(columns)
+    out = [
+        r"\begin{table}[t]",
+        r"\centering",
+        r"\small",
+        rf"\caption{{{tex_escape(caption)}}}",
+        rf"\label{{{label}}}",
+        rf"\begin{{tabular}}{{{spec}}}",
+        r"\toprule",
+        " & ".join(tex_escape(c) for c in columns) + r" \\",
+        r"\midrule",
+    ]
+    out += [" & ".join(tex_escape(fmt(v)) for v in r) + r" \\" for r in rows]
+    out += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------- provenance
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """The command that reproduces this run: ``python -m experiments.reproduce <overrides>``.
+
+    Overrides are shell-quoted (values with spaces, ``=``, ``@`` or ``%`` survive
+    copy-paste); Hydra's own ``hydra.run.dir=...`` is kept, since it names the output.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return " ".join(["python", "-m", "experiments.reproduce"] + [shlex.quote(a) for a in argv])
+
+
+def metadata(cfg: DictConfig | dict, *, command: str, seeds: Sequence[int], wall_s: float) -> dict:
+    """Run metadata: resolved config, command, seeds, versions, git revision, machine."""
+    from experiments.common import git_revision, package_versions
+
+    conf = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    try:
+        import jax
+
+        backend, devices = jax.default_backend(), [str(d) for d in jax.devices()]
+    except Exception:  # pragma: no cover - metadata must never fail the run
+        backend, devices = None, []
+    return {
+        "command": command,
+        "seeds": [int(s) for s in seeds],
+        "wall_s": float(wall_s),
+        "config": conf,
+        "versions": package_versions(),
+        "git": git_revision(),
+        "host": platform.node(),
+        "cpu_count": os.cpu_count(),
+        "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "backend": backend,
+        "devices": devices,
+    }
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------- writing
+def write_table(
+    run_dir: Path,
+    stem: str,
+    table: dict,
+    *,
+    command: str,
+    seeds: Sequence[int],
+) -> str:
+    """Write one table as ``<stem>.md``, ``.csv``, ``.tex``; returns its markdown section.
+
+    Raises:
+      ValueError: when a row's length differs from the number of columns.
+    """
+    cols, rows = list(table["columns"]), [list(r) for r in table["rows"]]
+    _check(cols, rows, stem)
+    caption = table.get("caption", "")
+    seed_text = ", ".join(str(int(s)) for s in seeds)
+    md = (
+        f"### {stem}\n\n{caption}\n\n{to_markdown(cols, rows)}\n"
+        f"Seeds: {seed_text}. Command: `{command}`\n"
+    )
+    _atomic_write(run_dir / f"{stem}.md", md)
+    _atomic_write(run_dir / f"{stem}.csv", to_csv(cols, rows))
+    tex_caption = f"{caption} Seeds: {seed_text}. Command: {command}"
+    _atomic_write(run_dir / f"{stem}.tex", to_latex(cols, rows, tex_caption, f"tab:{stem}"))
+    return md
+
+
+def write_report(
+    run_dir: Path,
+    name: str,
+    result: dict,
+    cfg: DictConfig | dict,
+    *,
+    command: str,
+    wall_s: float,
+) -> Path:
+    """Write every table of ``result`` (see the module docstring), ``<name>.md`` and
+    ``metadata.json`` into ``run_dir``; returns the path of ``<name>.md``."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    seeds = list(result.get("seeds", []))
+    sections = []
+    for table in result.get("tables", []):
+        stem = f"{name}_{table['name']}"
+        sections.append(write_table(run_dir, stem, table, command=command, seeds=seeds))
+    figures = result.get("figure") or []
+    if isinstance(figures, (str, Path)):
+        figures = [figures]
+    figs = "".join(f"![{Path(f).stem}]({os.path.relpath(Path(f), run_dir)})\n\n" for f in figures)
+    notes = "".join(f"- {n}\n" for n in result.get("notes", []))
+    head = (
+        f"# {name}\n\nReproduce with:\n\n```\n{command}\n```\n\n"
+        f"Seeds: {', '.join(str(int(s)) for s in seeds)}. Wall time: {wall_s:.0f} s.\n\n"
+    )
+    body = (
+        head
+        + (f"## Notes\n\n{notes}\n" if notes else "")
+        + figs
+        + "## Tables\n\n"
+        + "\n".join(sections)
+    )
+    path = run_dir / f"{name}.md"
+    _atomic_write(path, body)
+    meta = metadata(cfg, command=command, seeds=seeds, wall_s=wall_s)
+    _atomic_write(run_dir / "metadata.json", json.dumps(meta, indent=2, default=str))
+    return path

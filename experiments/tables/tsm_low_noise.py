@@ -1,0 +1,696 @@
+"""Table ``tsm_low_noise``: target score matching against DSM at low noise.
+
+De Bortoli, Hutchinson, Wirnsberger, Doucet, "Target score matching", arXiv
+2402.08667 (2024); ``shared/methods/02-target-score-matching.md``.
+
+``python -m experiments.reproduce table=tsm_low_noise [table.scale=smoke]``
+
+For each target with a known score (a 1-D Gaussian mixture, random full-covariance
+mixtures in d = 10 and 50, many-well in d = 8; ``scorelib.data.targets``) under the
+VE-frame process of ``table.process`` (EDM, ``sigma`` in [1e-3, 10]):
+
+(a) the conditional variance ``E ||u - s_t(x_t)||^2`` (summed over coordinates) of the
+    DSM label ``-eps/sigma``, the TSM label ``grad log p_0(x_0)/alpha`` and each mixed label,
+    per sigma of ``table.sigmas``, by Monte Carlo with the exact noisy score
+    (``scorelib.objectives.label_residuals``);
+(b) the relative error ``E||s_theta - s_true||^2 / E||s_true||^2`` of the score learned by
+    each objective, per sigma, after the *same* budget (steps, batch, network, optimizer,
+    EMA, data stream), mean and std over ``table.seeds``;
+(c) the squared energy distance and sliced W2 between samples of each trained model (same
+    sampler, same grid, exact start ``x_T ~ p_T``) and fresh exact target samples, with two
+    references: the exact noisy score through the same sampler, and a second exact sample.
+
+Expected shape (``methods/02`` Sec. 2.4, second-hand; the paper shows figures, not numbers):
+TSM far better than DSM at low sigma, worse at high sigma, the mixtures best or tied
+everywhere. The table reports what it measures.
+
+Training uses ``scorelib.training`` (``make_train_step`` with the train step vmapped over
+seeds and all objectives stepped inside one jitted call). Seeds vary the network
+initialisation and the objective's (t, eps) draws; the data stream (exact target samples)
+is common to all runs of a target, and every objective of one seed starts from the same
+initialisation and sees the same (t, eps) (common random numbers).
+
+Results per target are cached in ``<run dir>/partial/<target>.json`` with the settings
+they were computed with: re-running the same command reuses finished targets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+LABELS = {"dsm": "DSM", "tsm": "TSM"}
+
+
+# ------------------------------------------------------------------------------ settings
+def _settings(cfg: DictConfig) -> DictConfig:
+    """The table config, ``smoke`` merged when ``scale == smoke``, validated.
+
+    Raises:
+      ValueError: naming the field (``table.scale``, ``table.run_targets``, ``table.sigmas``,
+        ``table.seeds``, ...).
+    """
+    tc = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    scale = tc.get("scale", "full")
+    if scale not in ("full", "smoke"):
+        raise ValueError(f"table.scale must be 'full' or 'smoke'; got {scale!r}")
+    if scale == "smoke":
+        tc = OmegaConf.merge(tc, tc.get("smoke") or {})
+    if len(tc.seeds) < 1:
+        raise ValueError("table.seeds must list at least one seed")
+    if len(set(int(s) for s in tc.seeds)) != len(tc.seeds):
+        raise ValueError(f"table.seeds must be distinct; got {list(tc.seeds)}")
+    for name in tc.run_targets:
+        if name not in tc.targets:
+            raise ValueError(
+                f"table.run_targets: {name!r} has no entry under table.targets "
+                f"(have {list(tc.targets)})"
+            )
+    sig = [float(s) for s in tc.sigmas]
+    if not sig or any(not (s > 0 and math.isfinite(s)) for s in sig) or sig != sorted(set(sig)):
+        raise ValueError(f"table.sigmas must be increasing positive numbers; got {list(tc.sigmas)}")
+    for f in ("steps", "batch_size"):
+        if int(tc.train[f]) < 1:
+            raise ValueError(f"table.train.{f} must be >= 1; got {tc.train[f]}")
+    for f in ("variance", "error", "samples"):
+        if int(tc[f].n) < 2:
+            raise ValueError(f"table.{f}.n must be >= 2; got {tc[f].n}")
+    if not 0 < float(tc.train.ema_halflife_frac) <= 1:
+        raise ValueError(
+            f"table.train.ema_halflife_frac must be in (0, 1]; got {tc.train.ema_halflife_frac}"
+        )
+    if len(tc.objectives) < 1:
+        raise ValueError("table.objectives must name at least one objective")
+    return tc
+
+
+def _process(tc):
+    from hydra.utils import instantiate
+
+    p = instantiate(tc.process)
+    lo, hi = float(p.ve_sigma(p.t_min)), float(p.ve_sigma(p.t_max))
+    for s in tc.sigmas:
+        if not lo * (1 - 1e-5) <= float(s) <= hi * (1 + 1e-5):
+            raise ValueError(
+                f"table.sigmas: {s} is outside the VE-frame range [{lo:.4g}, {hi:.4g}] "
+                "of table.process"
+            )
+    return p
+
+
+def _objectives(tc, process, target) -> dict:
+    from scorelib.objectives import MixedScoreMatching
+
+    out = {}
+    for name, spec in tc.objectives.items():
+        kw = {"t_sampling": str(tc.train.t_sampling), "weighting": str(tc.train.weighting)}
+        kw.update(OmegaConf.to_container(spec, resolve=True))  # an objective may set its own
+        out[name] = MixedScoreMatching(process, target, **kw)
+    return out
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------ (a) variances
+def label_variances(objectives: dict, target, process, sigmas, n: int, seed: int) -> dict:
+    """``{objective: {"mean": [S], "se": [S]}}`` plus ``"DSM"``/``"TSM"`` pure labels.
+
+    ``n`` examples per sigma; one jit-compiled pass per sigma for all objectives.
+    """
+    from scorelib.objectives import label_residuals
+
+    truth = target.noisy_score(process)
+    names = list(objectives)
+
+    @jax.jit
+    def one_sigma(t, key):
+        kx, ke = jax.random.split(key)
+        x0 = target.sample_from_keys(
+            jax.vmap(lambda i: jax.random.fold_in(kx, i))(jnp.arange(n)), needed_by="label variance"
+        )
+        eps = jax.random.normal(ke, x0.shape)
+        tt = jnp.full((n,), t, jnp.float32)
+        out = {}
+        for k in names:
+            r = label_residuals(objectives[k], truth, x0, tt, eps)
+            out[k] = r["u"]
+        out["DSM label"], out["TSM label"] = r["u_dsm"], r["u_tsm"]
+        return out
+
+    res: dict[str, dict[str, list]] = {}
+    for j, s in enumerate(sigmas):
+        t = process.t_of_ve_sigma(jnp.asarray(s, jnp.float32))
+        r = one_sigma(t, jax.random.fold_in(jax.random.key(seed), j))
+        for k, v in r.items():
+            v = np.asarray(v, np.float64)
+            d = res.setdefault(k, {"mean": [], "se": []})
+            d["mean"].append(float(v.mean()))
+            d["se"].append(float(v.std() / math.sqrt(v.size)))
+    return res
+
+
+# ------------------------------------------------------------------------- (b) training
+def _stack(trees):
+    return jax.tree.map(lambda *a: jnp.stack(a), *trees)
+
+
+def train_models(objectives: dict, target, process, tc, log=print) -> tuple[Any, dict, dict]:
+    """Train one network per (objective, seed) with the same budget.
+
+    Returns ``(graphdef, {objective: EMA params stacked over seeds}, info)``.
+    """
+    from flax import nnx
+
+    from scorelib.nets import MLP
+    from scorelib.training import EMA, create_state, make_optimizer, make_train_step, network_source
+
+    seeds = [int(s) for s in tc.seeds]
+    tr, mc = tc.train, tc.model
+    batch = int(tr.batch_size)
+    steps = int(tr.steps)
+    sigma_data = float(target.sigma_data)
+
+    def init(seed):
+        model = MLP(
+            (target.dim,),
+            width=int(mc.width),
+            depth=int(mc.depth),
+            emb_dim=int(mc.emb_dim),
+            embedding=str(mc.embedding),
+            rngs=nnx.Rngs(seed),
+        )
+        return nnx.split(model, nnx.Param)
+
+    graphdef, _ = init(seeds[0])
+    opt = make_optimizer(float(tr.lr), int(tr.warmup_steps), float(tr.grad_clip))
+    ema = EMA(
+        batch_size=batch,
+        halflife_nimg=float(tr.ema_halflife_frac) * steps * batch,
+        rampup_ratio=float(tr.ema_halflife_frac),
+    )
+    make_source = network_source(process, graphdef, sigma_data)
+
+    def batch_fn(i):
+        return target.batch(batch, seed=0, step=i, needed_by="training")
+
+    raw_steps = {
+        k: make_train_step(obj, make_source, opt, ema, batch_fn, jit=False)
+        for k, obj in objectives.items()
+    }
+    names = list(objectives)
+
+    def multi(states):
+        new, losses = {}, {}
+        for k in names:
+            new[k], m = jax.vmap(raw_steps[k])(states[k])
+            losses[k] = m["loss"]
+        return new, losses
+
+    multi = jax.jit(multi, donate_argnums=0)
+    init_params = [init(s)[1] for s in seeds]
+    states = {
+        k: _stack([create_state(p, opt, s) for p, s in zip(init_params, seeds, strict=True)])
+        for k in names
+    }
+
+    t0 = time.perf_counter()
+    states, losses = multi(states)
+    jax.block_until_ready(losses)
+    t_compile = time.perf_counter() - t0
+    log_every = max(int(tr.log_every), 1)
+    t0 = time.perf_counter()
+    for i in range(1, steps):
+        states, losses = multi(states)
+        if (i + 1) % log_every == 0 or i == steps - 1:
+            msg = ", ".join(f"{k} {float(jnp.mean(v)):.3g}" for k, v in losses.items())
+            log(f"  [{target.name}] step {i + 1}/{steps}: loss {msg}")
+    jax.block_until_ready(states)
+    t_train = time.perf_counter() - t0
+    skipped = {k: [int(v) for v in np.asarray(states[k].n_skipped)] for k in names}
+    params = {k: states[k].ema_params for k in names}
+    n_params = int(sum(x.size for x in jax.tree.leaves(init_params[0])))
+    info = {
+        "compile_s": t_compile,
+        "train_s": t_train,
+        "steps_per_s": (steps - 1) / max(t_train, 1e-9),
+        "n_params": n_params,
+        "sigma_data": sigma_data,
+        "skipped_steps": skipped,
+    }
+    return graphdef, params, info
+
+
+def score_errors(
+    graphdef, params: dict, target, process, sigma_data, sigmas, n: int, seed: int
+) -> dict:
+    """``{objective: [n_seeds, S]}`` relative errors ``sum||s_theta - s||^2 / sum||s||^2``."""
+    from scorelib.scores import NetworkScore
+
+    truth = target.noisy_score(process)
+
+    def net(p):
+        return NetworkScore(process=process, graphdef=graphdef, params=p, sigma_data=sigma_data)
+
+    @jax.jit
+    def one_sigma(t, key, stacked):
+        kx, ke = jax.random.split(key)
+        x0 = target.sample_from_keys(
+            jax.vmap(lambda i: jax.random.fold_in(kx, i))(jnp.arange(n)), needed_by="score error"
+        )
+        tt = jnp.full((n,), t, jnp.float32)
+        xt = process.marginal_sample(x0, tt, jax.random.normal(ke, x0.shape))
+        s = truth.score(xt, tt)
+        denom = jnp.sum(s**2)
+        return {
+            k: jax.vmap(lambda p: jnp.sum((net(p).score(xt, tt) - s) ** 2) / denom)(v)
+            for k, v in stacked.items()
+        }
+
+    out = {k: [] for k in params}
+    for j, s in enumerate(sigmas):
+        t = process.t_of_ve_sigma(jnp.asarray(s, jnp.float32))
+        r = one_sigma(t, jax.random.fold_in(jax.random.key(seed), j), params)
+        for k, v in r.items():
+            out[k].append(np.asarray(v, np.float64))
+    return {k: np.stack(v, axis=1).tolist() for k, v in out.items()}  # [n_seeds, S]
+
+
+# --------------------------------------------------------------------------- (c) samples
+def sample_quality(graphdef, params: dict, target, process, sigma_data, tc, log=print) -> dict:
+    """Energy distance (squared, V-statistic) and sliced W2 to fresh exact samples.
+
+    Returns ``{row: {"energy": [per seed], "sw2": [per seed]}}`` for every objective, the
+    exact noisy score through the same sampler, and a second exact sample.
+    """
+    from scorelib.metrics import energy_distance, sliced_wasserstein2
+    from scorelib.samplers import edm_grid, get_sampler
+    from scorelib.scores import NetworkScore
+
+    sc = tc.samples
+    n = int(sc.n)
+    seeds = [int(s) for s in tc.seeds]
+    sampler = get_sampler(str(sc.sampler))
+    s_max = float(process.ve_sigma(process.t_max))
+    s_min = float(process.ve_sigma(process.t_min))
+    grid = edm_grid(int(sc.steps), s_min, s_max, float(sc.rho))
+    t_max = process.t_of_ve_sigma(jnp.asarray(s_max, jnp.float32))
+    n_proj = int(sc.sw_projections)
+    truth = target.noisy_score(process)
+
+    def exact(seed, stream):
+        key = jax.random.fold_in(jax.random.fold_in(jax.random.key(10_000 + seed), stream), 0)
+        return target.sample(key, n, needed_by="sample quality (c)")
+
+    def start(seed):
+        """An exact draw from p_T: alpha(T) (x0 + sigma_max eps), x0 exact (stream 2)."""
+        x0 = exact(seed, 2)
+        eps = jax.random.normal(jax.random.fold_in(jax.random.key(20_000 + seed), 0), x0.shape)
+        return process.marginal_sample(x0, jnp.full((n,), t_max), eps)
+
+    def metrics(x, ref, seed):
+        x = np.asarray(x, np.float64)
+        if not np.all(np.isfinite(x)):
+            return float("nan"), float("nan")
+        return energy_distance(x, ref), sliced_wasserstein2(x, ref, n_projections=n_proj, seed=seed)
+
+    rows: dict[str, dict[str, list]] = {}
+
+    def add(row, seed, x, ref):
+        e, w = metrics(x, ref, seed)
+        d = rows.setdefault(row, {"energy": [], "sw2": []})
+        d["energy"].append(e)
+        d["sw2"].append(w)
+
+    for i, seed in enumerate(seeds):
+        ref = np.asarray(exact(seed, 0), np.float64)
+        x_T = start(seed)
+        key = jax.random.key(30_000 + seed)
+        for k, stacked in params.items():
+            p = jax.tree.map(lambda a, i=i: a[i], stacked)
+            src = NetworkScore(process=process, graphdef=graphdef, params=p, sigma_data=sigma_data)
+            x, _ = sampler(src, key, (n, target.dim), grid=grid, x_T=x_T)
+            add(k, seed, x, ref)
+        x, _ = sampler(truth, key, (n, target.dim), grid=grid, x_T=x_T)
+        add("exact score", seed, x, ref)
+        add("exact samples", seed, exact(seed, 1), ref)
+    return rows
+
+
+# --------------------------------------------------------------------------- per target
+def run_target(name: str, tc: DictConfig, run_dir: Path, log=print) -> dict:
+    from scorelib.data.targets import make_target
+
+    spec = dict(OmegaConf.to_container(tc.targets[name], resolve=True))
+    settings = {
+        k: OmegaConf.to_container(tc[k], resolve=True)
+        for k in (
+            "seeds",
+            "sigmas",
+            "process",
+            "objectives",
+            "train",
+            "model",
+            "variance",
+            "error",
+            "samples",
+        )
+    }
+    settings["target"] = spec
+    digest = _digest(settings)
+    cache = run_dir / "partial" / f"{name}.json"
+    if cache.is_file():
+        try:
+            old = json.loads(cache.read_text())
+            if old.get("digest") == digest:
+                log(f"[{name}] reusing {cache}")
+                return old
+        except (OSError, ValueError):
+            pass
+
+    kind = spec.pop("kind")
+    target = make_target(kind, **spec)
+    target.require_samples(f"table tsm_low_noise (target {name})")
+    process = _process(tc)
+    objectives = _objectives(tc, process, target)
+    sigmas = [float(s) for s in tc.sigmas]
+    timings = {}
+    cpu0, t0 = time.process_time(), time.perf_counter()
+
+    log(f"[{name}] d = {target.dim}, sigma_data = {target.sigma_data:.4g}: (a) label variances")
+    var = label_variances(objectives, target, process, sigmas, int(tc.variance.n), seed=1)
+    timings["variance_s"] = time.perf_counter() - t0
+
+    log(f"[{name}] (b) training {len(objectives)} objectives x {len(tc.seeds)} seeds")
+    t1 = time.perf_counter()
+    graphdef, params, info = train_models(objectives, target, process, tc, log=log)
+    timings["train_total_s"] = time.perf_counter() - t1
+    timings.update({k: info[k] for k in ("compile_s", "train_s", "steps_per_s")})
+
+    t1 = time.perf_counter()
+    err = score_errors(
+        graphdef, params, target, process, info["sigma_data"], sigmas, int(tc.error.n), seed=2
+    )
+    timings["error_s"] = time.perf_counter() - t1
+
+    log(f"[{name}] (c) sampling ({tc.samples.sampler}, {tc.samples.steps} steps)")
+    t1 = time.perf_counter()
+    samp = sample_quality(graphdef, params, target, process, info["sigma_data"], tc, log=log)
+    timings["samples_s"] = time.perf_counter() - t1
+    timings["total_s"] = time.perf_counter() - t0
+    timings["cpu_s"] = time.process_time() - cpu0
+
+    out = {
+        "digest": digest,
+        "target": name,
+        "dim": int(target.dim),
+        "sigma_data": float(target.sigma_data),
+        "sigmas": sigmas,
+        "objectives": list(objectives),
+        "variance": var,
+        "error": err,
+        "samples": samp,
+        "model": {"n_params": info["n_params"], "skipped_steps": info["skipped_steps"]},
+        "timings": timings,
+    }
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_name(cache.name + ".tmp")
+    tmp.write_text(json.dumps(out, indent=1))
+    os.replace(tmp, cache)
+    log(f"[{name}] done in {timings['total_s']:.0f} s (cpu {timings['cpu_s']:.0f} s)")
+    return out
+
+
+# ---------------------------------------------------------------------------- reporting
+def _col(k: str) -> str:
+    return LABELS.get(k, k)
+
+
+def _claim_variance(s: float) -> str:
+    if s <= 1e-2:
+        return "TSM ≪ DSM; DSM ~ d/σ²"
+    if s >= 3.0:
+        return "DSM < TSM"
+    return ""
+
+
+def _claim_error(s: float) -> str:
+    if s <= 1e-2:
+        return "TSM ≪ DSM; mixture best or tied"
+    if s >= 3.0:
+        return "DSM < TSM; mixture best or tied"
+    return "mixture best or tied"
+
+
+def variance_table(results: dict) -> tuple[list, list]:
+    objs = results[next(iter(results))]["objectives"]
+    cols = ["target", "d", "sigma", "d/sigma^2", "DSM label", "TSM label"]
+    mixed = [k for k in objs if k not in ("dsm", "tsm")]
+    cols += [f"{k} label" for k in mixed] + ["paper (expected shape)"]
+    rows = []
+    for name, r in results.items():
+        for j, s in enumerate(r["sigmas"]):
+            v = r["variance"]
+            rows.append(
+                [
+                    name,
+                    r["dim"],
+                    s,
+                    r["dim"] / s**2,
+                    v["DSM label"]["mean"][j],
+                    v["TSM label"]["mean"][j],
+                ]
+                + [v[k]["mean"][j] for k in mixed]
+                + [_claim_variance(s)]
+            )
+    return cols, rows
+
+
+def error_table(results: dict) -> tuple[list, list]:
+    from experiments.tables.common import pm
+
+    objs = results[next(iter(results))]["objectives"]
+    cols = (
+        ["target", "sigma"]
+        + [_col(k) for k in objs]
+        + ["best (lowest mean)", "paper (expected shape)"]
+    )
+    rows = []
+    for name, r in results.items():
+        for j, s in enumerate(r["sigmas"]):
+            means = {k: float(np.mean(np.asarray(r["error"][k])[:, j])) for k in objs}
+            stds = {k: float(np.std(np.asarray(r["error"][k])[:, j])) for k in objs}
+            best = min(means, key=lambda k: means[k] if math.isfinite(means[k]) else math.inf)
+            rows.append(
+                [name, s] + [pm(means[k], stds[k]) for k in objs] + [_col(best), _claim_error(s)]
+            )
+    return cols, rows
+
+
+def samples_table(results: dict) -> tuple[list, list]:
+    from experiments.tables.common import pm
+
+    cols = ["target", "model", "energy distance^2", "sliced W2", "paper"]
+    rows = []
+    for name, r in results.items():
+        for k, v in r["samples"].items():
+            ref = k in ("exact score", "exact samples")
+            label = f"{k} (reference)" if ref else _col(k)
+            rows.append(
+                [
+                    name,
+                    label,
+                    pm(np.mean(v["energy"]), np.std(v["energy"])),
+                    pm(np.mean(v["sw2"]), np.std(v["sw2"])),
+                    "",
+                ]
+            )
+    return cols, rows
+
+
+def summary_table(results: dict) -> tuple[list, list]:
+    """Per target: at how many sigmas each objective is best, and its mean log10 error."""
+    objs = results[next(iter(results))]["objectives"]
+    cols = ["target"] + [f"{_col(k)}: #best / mean log10 err" for k in objs]
+    rows = []
+    for name, r in results.items():
+        e = {k: np.mean(np.asarray(r["error"][k]), axis=0) for k in objs}  # [S]
+        best = np.argmin(np.stack([e[k] for k in objs]), axis=0)
+        rows.append(
+            [name]
+            + [
+                f"{int(np.sum(best == i))} / {float(np.mean(np.log10(e[k]))):.2f}"
+                for i, k in enumerate(objs)
+            ]
+        )
+    return cols, rows
+
+
+def make_figure(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results)
+    fig, axes = plt.subplots(3, len(names), figsize=(4.6 * len(names), 11.5), squeeze=False)
+    for j, name in enumerate(names):
+        r = results[name]
+        sig = np.asarray(r["sigmas"])
+        ax = axes[0, j]
+        v = r["variance"]
+        ax.plot(sig, r["dim"] / sig**2, "k:", lw=1, label="d/σ²")
+        ax.plot(sig, v["DSM label"]["mean"], "o-", label="DSM")
+        ax.plot(sig, v["TSM label"]["mean"], "s-", label="TSM")
+        for k in r["objectives"]:
+            if k not in ("dsm", "tsm"):
+                ax.plot(sig, v[k]["mean"], ".--", label=k)
+        ax.set(xscale="log", yscale="log", xlabel="σ", title=f"{name}: label variance E||u - s||²")
+        ax.legend(fontsize=7)
+        ax = axes[1, j]
+        for k in r["objectives"]:
+            e = np.asarray(r["error"][k])
+            m, s = e.mean(0), e.std(0)
+            ax.errorbar(sig, m, yerr=s, marker="o", ms=3, capsize=2, label=_col(k))
+        ax.set(xscale="log", yscale="log", xlabel="σ", title=f"{name}: relative score error")
+        ax.legend(fontsize=7)
+        ax = axes[2, j]
+        keys = list(r["samples"])
+        m = [np.mean(r["samples"][k]["energy"]) for k in keys]
+        s = [np.std(r["samples"][k]["energy"]) for k in keys]
+        ax.bar(
+            range(len(keys)),
+            m,
+            yerr=s,
+            capsize=2,
+            color=["C0"] * len(r["objectives"]) + ["grey", "lightgrey"],
+        )
+        ax.set_xticks(
+            range(len(keys)), [_col(k) for k in keys], rotation=45, ha="right", fontsize=7
+        )
+        ax.set(yscale="log", title=f"{name}: energy distance² to exact samples")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- entry point
+def compute(cfg: DictConfig, run_dir: Path, log=print) -> dict:
+    tc = _settings(cfg)
+    _process(tc)  # fail fast on the process and the sigma range
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    results = {}
+    for name in tc.run_targets:
+        results[name] = run_target(name, tc, Path(run_dir), log=log)
+    return {
+        "settings": tc,
+        "results": results,
+        "wall_s": time.perf_counter() - t0,
+        "cpu_s": time.process_time() - cpu0,
+    }
+
+
+def report(out: dict) -> dict:
+    """The tables, notes and seeds for :func:`experiments.tables.common.write_report`."""
+    tc, results = out["settings"], out["results"]
+    tr, mc, sc = tc.train, tc.model, tc.samples
+    notes = [
+        f"Process {OmegaConf.to_container(tc.process)}; sigma is the VE-frame noise level.",
+        f"Same budget for every objective: MLP width {mc.width}, depth {mc.depth}, "
+        f"emb {mc.emb_dim} ({mc.embedding}) behind EDM preconditioning (sigma_data = target "
+        f"RMS std); Adam lr {tr.lr}, warm-up {tr.warmup_steps}, clip {tr.grad_clip}; "
+        f"{tr.steps} steps of batch {tr.batch_size}; t sampling {tr.t_sampling}; weighting "
+        f"lambda per objective (default {tr.weighting}); EMA half-life "
+        f"{tr.ema_halflife_frac} of the images seen (evaluated: EMA weights).",
+        "Objectives (kappa = weight of the TSM label, thresholds in VE sigma): "
+        + "; ".join(f"{k}: {OmegaConf.to_container(v)}" for k, v in tc.objectives.items())
+        + ". gaussian_optimal uses kappa = sd^2/(sd^2 + sigma^2) with sd = the target's RMS std. "
+        "Weightings: sigma2 is lambda = sigma^2 (standard for DSM), alpha2 is lambda = alpha^2 "
+        "(the normalised TSM loss ||alpha s - grad log p0||^2; 1 for VE/EDM).",
+        f"(a) n = {tc.variance.n} per sigma; values are E||u - s_t(x_t)||^2 summed over "
+        "coordinates (the conditional label variance; the irreducible part of the loss).",
+        f"(b) n = {tc.error.n} noisy points per sigma; relative error "
+        "sum||s_theta - s_true||^2 / sum||s_true||^2; mean ± std over seeds.",
+        f"(c) {sc.sampler} with {sc.steps} steps on the EDM rho={sc.rho} grid from sigma_max to "
+        f"sigma_min, then 0; start x_T an exact draw from p_T; {sc.n} samples per model against "
+        f"{sc.n} fresh exact samples; energy distance squared (V-statistic), sliced W2 with "
+        f"{sc.sw_projections} projections. 'exact samples' is the floor of both metrics at this n.",
+        "The paper (De Bortoli et al. 2024) reports figures, not numbers: the 'paper' columns give "
+        "the expected shape from methods/02 (second-hand summaries), not values.",
+    ]
+    for name, r in results.items():
+        tm = r["timings"]
+        skipped = {k: v for k, v in r["model"]["skipped_steps"].items() if any(v)}
+        notes.append(
+            f"{name}: d = {r['dim']}, sigma_data = {r['sigma_data']:.3g}, "
+            f"{r['model']['n_params']} parameters per network; wall {tm['total_s']:.0f} s "
+            f"(cpu {tm['cpu_s']:.0f} s): variance "
+            f"{tm['variance_s']:.0f} s, training {tm['train_total_s']:.0f} s (compile "
+            f"{tm['compile_s']:.0f} s, {tm['steps_per_s']:.1f} steps/s for all "
+            f"{len(r['objectives'])}x{len(tc.seeds)} networks), score error "
+            f"{tm['error_s']:.0f} s, "
+            f"sampling {tm['samples_s']:.0f} s"
+            + (f"; non-finite steps skipped: {skipped}" if skipped else "")
+        )
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    notes.append(
+        f"total wall time {out['wall_s']:.0f} s, cpu time {out['cpu_s']:.0f} s on "
+        f"{os.cpu_count()} cores" + (f" (load average at the end {load[0]:.1f})" if load else "")
+    )
+    tables = []
+    for tname, fn, caption in [
+        (
+            "label_variance",
+            variance_table,
+            "(a) Conditional label variance E||u - s_t(x_t)||^2 per sigma (Monte Carlo, "
+            "exact noisy score).",
+        ),
+        (
+            "score_error",
+            error_table,
+            "(b) Relative error of the learned score, sum||s_theta - s||^2 / sum||s||^2, "
+            "per sigma; mean ± std over seeds, same training budget for every objective.",
+        ),
+        (
+            "summary",
+            summary_table,
+            "Per target: number of sigmas at which each objective has the lowest mean error, "
+            "and its mean log10 relative error over the sigmas.",
+        ),
+        (
+            "samples",
+            samples_table,
+            "(c) Sample quality, same sampler for every model: energy distance^2 and sliced W2 to "
+            "exact target samples, mean ± std over seeds.",
+        ),
+    ]:
+        cols, rows = fn(results)
+        tables.append({"name": tname, "caption": caption, "columns": cols, "rows": rows})
+    return {"tables": tables, "notes": notes, "seeds": [int(s) for s in tc.seeds]}
+
+
+def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
+    """Compute the table into ``run_dir`` (``results.json``, ``figure.png``, ``partial/``);
+    returns :func:`report`'s dict plus ``figure``."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out = compute(cfg, run_dir, log=log)
+    (run_dir / "results.json").write_text(
+        json.dumps(
+            {"results": out["results"], "wall_s": out["wall_s"], "cpu_s": out["cpu_s"]}, indent=1
+        )
+    )
+    fig = run_dir / "figure.png"
+    make_figure(out["results"], fig)
+    return {**report(out), "figure": str(fig)}

@@ -1,0 +1,179 @@
+"""The reproduce app's table writer and dispatcher, and the tsm_low_noise table's pure parts
+(settings, report formatting) on a hand-made result. No training here: the end-to-end run
+is tests/integration/test_reproduce_tsm.py."""
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from experiments.reproduce import resolve_runner
+from experiments.tables import common
+from experiments.tables import tsm_low_noise as tln
+
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "table" / "tsm_low_noise.yaml"
+
+
+def test_fmt_and_pm():
+    assert common.fmt(None) == "" and common.fmt(3) == "3" and common.fmt(0.0) == "0"
+    assert common.fmt(0.123456) == "0.123" and common.fmt(1.5e-5) == "1.50e-05"
+    assert common.fmt(float("nan")) == "nan" and common.fmt(np.float32(2.0)) == "2"
+    assert common.fmt(123456.0) == "1.23e+05" and common.fmt(np.int64(7)) == "7"
+    assert common.pm(1.23456, 0.01) == "1.23 ± 0.01"
+
+
+def test_write_report_md_csv_tex_metadata(tmp_path):
+    result = {
+        "tables": [
+            {
+                "name": "demo",
+                "caption": "A demo 100% table_with | pipes.",
+                "columns": ["sigma", "value", "note", "paper"],
+                "rows": [
+                    [1e-3, 0.1234567891, "a|b", None],
+                    [10.0, float("nan"), "x_y", "TSM ≪ DSM"],
+                ],
+            }
+        ],
+        "notes": ["note one"],
+        "seeds": [0, 1, 2],
+        "figure": str(tmp_path / "figure.png"),
+    }
+    cmd = common.command_line(["table=demo", "table.title=a b", "hydra.run.dir=/x=y@z%"])
+    assert (
+        cmd == "python -m experiments.reproduce table=demo 'table.title=a b' hydra.run.dir=/x=y@z%"
+    )
+    path = common.write_report(
+        tmp_path, "demo_table", result, {"name": "demo"}, command=cmd, wall_s=1.5
+    )
+    md = path.read_text()
+    assert "table.title=a b" in md and "Seeds: 0, 1, 2" in md and "note one" in md
+    assert "![figure](figure.png)" in md and "a\\|b" in md
+    rows = list(csv.reader(io.StringIO((tmp_path / "demo_table_demo.csv").read_text())))
+    assert rows[0] == ["sigma", "value", "note", "paper"]
+    assert float(rows[1][1]) == 0.1234567891 and rows[1][3] == "" and rows[2][1] == "nan"
+    tex = (tmp_path / "demo_table_demo.tex").read_text()
+    assert r"100\% table\_with" in tex and r"x\_y" in tex and r"$\ll$" in tex and r"\toprule" in tex
+    assert "Seeds: 0, 1, 2" in tex
+    meta = json.loads((tmp_path / "metadata.json").read_text())
+    assert (
+        meta["command"] == cmd and meta["seeds"] == [0, 1, 2] and meta["config"] == {"name": "demo"}
+    )
+    assert "jax" in meta["versions"] and "commit" in meta["git"] and meta["wall_s"] == 1.5
+    with pytest.raises(ValueError, match="row 0 has 1 cells for 2 columns"):
+        common.write_table(
+            tmp_path, "bad", {"columns": ["a", "b"], "rows": [[1]]}, command="", seeds=[]
+        )
+
+
+def test_resolve_runner():
+    assert resolve_runner(OmegaConf.create({"name": "tsm_low_noise"})) is tln.run
+    assert (
+        resolve_runner(
+            OmegaConf.create({"name": "x", "runner": "experiments.tables.tsm_low_noise:report"})
+        )
+        is tln.report
+    )
+    with pytest.raises(ValueError, match="table.name: no table module 'experiments.tables.nope'"):
+        resolve_runner(OmegaConf.create({"name": "nope"}))
+    with pytest.raises(ValueError, match="table.name must name a module"):
+        resolve_runner(OmegaConf.create({"name": "../etc"}))
+    with pytest.raises(ValueError, match="has no function 'missing'"):
+        resolve_runner(
+            OmegaConf.create({"name": "x", "runner": "experiments.tables.common:missing"})
+        )
+
+
+def test_tsm_settings_smoke_merge_and_validation():
+    cfg = OmegaConf.load(CONFIG)
+    full = tln._settings(cfg)
+    assert list(full.run_targets) == ["gmm1d", "gmm10d", "gmm50d", "manywell8d"]
+    assert [float(s) for s in full.sigmas][0] == 1e-3 and float(full.sigmas[-1]) == 10.0
+    assert isinstance(full.sigmas[0], float)  # not a YAML string
+    cfg.scale = "smoke"
+    smoke = tln._settings(cfg)
+    assert list(smoke.run_targets) == ["gmm1d", "manywell8d"] and smoke.train.steps < 100
+    assert smoke.train.lr == full.train.lr  # untouched fields survive the merge
+    for field, value, msg in [
+        ("scale", "huge", "table.scale"),
+        ("run_targets", ["nowhere"], "table.run_targets"),
+        ("sigmas", [1.0, 0.1], "table.sigmas"),
+        ("seeds", [0, 0], "table.seeds"),
+    ]:
+        bad = OmegaConf.load(CONFIG)
+        bad[field] = value
+        with pytest.raises(ValueError, match=msg):
+            tln._settings(bad)
+    bad = OmegaConf.load(CONFIG)
+    bad.sigmas = [1e-4, 1.0]  # below the process's sigma_min = 1e-3
+    with pytest.raises(ValueError, match="outside the VE-frame range"):
+        tln._process(tln._settings(bad))
+
+
+def _fake_result(name, dim, objs, sigmas, rng):
+    var = {
+        k: {"mean": list(rng.uniform(1, 2, len(sigmas))), "se": [0.1] * len(sigmas)} for k in objs
+    }
+    var["DSM label"] = {"mean": [dim / s**2 for s in sigmas], "se": [0.0] * len(sigmas)}
+    var["TSM label"] = {"mean": [s for s in sigmas], "se": [0.0] * len(sigmas)}
+    err = {k: rng.uniform(0.1, 1, (3, len(sigmas))).tolist() for k in objs}
+    err["tsm"] = (np.full((3, len(sigmas)), 1e-3)).tolist()  # best everywhere
+    samples = {
+        k: {"energy": [0.1, 0.2, 0.3], "sw2": [1.0, 1.0, 1.0]}
+        for k in objs + ["exact score", "exact samples"]
+    }
+    timings = dict(
+        total_s=1,
+        cpu_s=1,
+        variance_s=0,
+        train_total_s=1,
+        compile_s=0,
+        steps_per_s=1,
+        error_s=0,
+        samples_s=0,
+    )
+    return {
+        "target": name,
+        "dim": dim,
+        "sigma_data": 1.0,
+        "sigmas": sigmas,
+        "objectives": objs,
+        "variance": var,
+        "error": err,
+        "samples": samples,
+        "timings": timings,
+        "model": {"n_params": 10, "skipped_steps": {k: [0, 0, 0] for k in objs}},
+    }
+
+
+def test_tsm_report_tables_from_a_result(tmp_path):
+    rng = np.random.default_rng(0)
+    objs = ["dsm", "tsm", "switch"]
+    sigmas = [1e-3, 1.0, 10.0]
+    res = {
+        "g": _fake_result("g", 2, objs, sigmas, rng),
+        "m": _fake_result("m", 8, objs, sigmas, rng),
+    }
+    tc = tln._settings(OmegaConf.load(CONFIG))
+    rep = tln.report({"settings": tc, "results": res, "wall_s": 3.0, "cpu_s": 2.0})
+    tabs = {t["name"]: t for t in rep["tables"]}
+    assert set(tabs) == {"label_variance", "score_error", "summary", "samples"}
+    var = tabs["label_variance"]
+    assert var["columns"][:6] == ["target", "d", "sigma", "d/sigma^2", "DSM label", "TSM label"]
+    assert var["rows"][0][3] == pytest.approx(2 / 1e-6) and len(var["rows"]) == 6
+    err = tabs["score_error"]
+    assert all(r[-2] == "TSM" for r in err["rows"])  # the 'best' column follows the means
+    assert err["rows"][0][3] == "0.001 ± 0" and "paper (expected shape)" in err["columns"]
+    summ = tabs["summary"]
+    assert summ["rows"][0][2].startswith("3 / -3.00")
+    assert [r[1] for r in tabs["samples"]["rows"]][-2:] == [
+        "exact score (reference)",
+        "exact samples (reference)",
+    ]
+    assert rep["seeds"] == [0, 1, 2]
+    tln.make_figure(res, tmp_path / "f.png")
+    assert (tmp_path / "f.png").stat().st_size > 10_000
