@@ -91,14 +91,17 @@ def clean_errors(fn):
     """Turn configuration errors (ValueError, FileNotFoundError) into a one-line message and
     exit status 2, instead of a traceback. ``SCORELIB_TRACEBACK=1`` re-raises."""
 
+    from hydra.errors import InstantiationException
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (ValueError, FileNotFoundError, FloatingPointError) as e:
+        except (ValueError, FileNotFoundError, FloatingPointError, InstantiationException) as e:
             if os.environ.get("SCORELIB_TRACEBACK"):
                 raise
-            print(f"error: {e}", file=sys.stderr)
+            cause = e.__cause__ if isinstance(e, InstantiationException) and e.__cause__ else e
+            print(f"error: {cause}", file=sys.stderr)
             sys.exit(2)
 
     return wrapper

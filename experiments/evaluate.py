@@ -25,7 +25,7 @@ register_configs()
 
 
 def newest_samples(run_dir: Path) -> Path:
-    found = sorted((run_dir / "samples").glob("*/samples.npz"), key=lambda p: p.stat().st_mtime)
+    found = sorted((run_dir / "samples").rglob("samples.npz"), key=lambda p: p.stat().st_mtime)
     if not found:
         raise FileNotFoundError(f"{run_dir / 'samples'}: no samples.npz; run experiments.sample first")
     return found[-1]

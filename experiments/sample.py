@@ -21,11 +21,12 @@ from scorelib import training
 register_configs()
 
 
-def load_run(run_dir: str | Path, sampler_cfg: DictConfig | None = None):
-    """The ``train.Run`` of a run directory (optionally with another sampler) and its latest state.
+def load_run(run_dir: str | Path, sampler_cfg: DictConfig | None = None, step: int | None = None):
+    """The ``train.Run`` of a run directory (optionally with another sampler) and its state
+    at checkpoint ``step`` (default: the latest).
 
     Raises:
-      FileNotFoundError: no ``config.yaml`` or no checkpoint in ``run_dir``.
+      FileNotFoundError: no ``config.yaml`` or no checkpoint (at ``step``) in ``run_dir``.
       ValueError: the checkpoint does not match the run's model config.
     """
     run_dir = Path(run_dir)
@@ -38,9 +39,12 @@ def load_run(run_dir: str | Path, sampler_cfg: DictConfig | None = None):
     run = train.setup(cfg)
     ckpt = train.checkpointer(run, run_dir)
     try:
-        if ckpt.latest_step() is None:
+        steps = ckpt.all_steps()
+        if not steps:
             raise FileNotFoundError(f"{run_dir / 'checkpoints'}: no checkpoint to sample from")
-        state = ckpt.restore_latest(training.abstract_state(run.state))
+        if step is not None and step not in steps:
+            raise FileNotFoundError(f"step={step}: no such checkpoint in {run_dir}; have {steps}")
+        state = ckpt.restore(steps[-1] if step is None else step, training.abstract_state(run.state))
     finally:
         ckpt.close()
     return run, state
@@ -48,9 +52,12 @@ def load_run(run_dir: str | Path, sampler_cfg: DictConfig | None = None):
 
 @clean_errors
 def run_sampling(cfg: DictConfig) -> Path:
-    run, state = load_run(cfg.run_dir, cfg.sampler)
+    run, state = load_run(cfg.run_dir, cfg.sampler, cfg.step)
     params = state.ema_params if cfg.use_ema else state.params
-    out = train.sample_and_save(run, params, Path(cfg.run_dir) / "samples", step=int(state.step))
+    root = Path(cfg.run_dir) / "samples"
+    if cfg.step is not None:
+        root = root / f"step{cfg.step}"
+    out = train.sample_and_save(run, params, root, step=int(state.step))
     print(f"samples: {out}")
     return out
 

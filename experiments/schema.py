@@ -177,6 +177,7 @@ class SampleConfig:
     """The primary config of ``experiments.sample``."""
 
     run_dir: str = MISSING  # a training run directory
+    step: int | None = None  # checkpoint step to sample from; None: the latest
     use_ema: bool = True
     sampler: SamplerConfig = MISSING
 

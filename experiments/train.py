@@ -60,6 +60,7 @@ def setup(cfg: DictConfig) -> Run:
             raise ValueError(f"trainer.{field} must be >= 1; got {tc[field]}")
     process = build.build_process(cfg)
     objective = build.build_objective(cfg, process)
+    sampling = build.build_sampler(cfg, process)
     data = build.build_data(cfg)
     model = build.build_model(cfg, data.data_shape, tc.seed)
     optimizer = training.make_optimizer(
@@ -77,7 +78,6 @@ def setup(cfg: DictConfig) -> Run:
         objective, make_source, optimizer, ema, data.batch_fn(tc.batch_size, tc.seed),
         lr_schedule=training.warmup_schedule(cfg.optim.lr, cfg.optim.warmup_steps),
     )
-    sampling = build.build_sampler(cfg, process)
     run = Run(cfg, process, data, graphdef, state, step_fn, sampling, optimizer)
     check_sampler(sampling, run.source(state.params), data.data_shape)
     return run
