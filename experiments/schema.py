@@ -57,6 +57,7 @@ class MLPConfig:
     emb_dim: int = 64
     embedding: str = "fourier"
     dropout: float = 0.0
+    emb_scale: float | None = None  # None: the embedding's default
 
 
 @dataclass

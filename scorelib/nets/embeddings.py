@@ -33,7 +33,7 @@ class FourierEmbedding(nnx.Module):
 class PositionalEmbedding(nnx.Module):
     """``c: [batch] -> [batch, dim]`` sinusoidal embedding (no parameters)."""
 
-    def __init__(self, dim: int, max_positions: float = 10000.0, scale: float = 1000.0):
+    def __init__(self, dim: int, max_positions: float = 10000.0, scale: float = 1.0):
         if dim % 2:
             raise ValueError(f"model.emb_dim must be even; got {dim}")
         self.dim = dim
@@ -47,10 +47,26 @@ class PositionalEmbedding(nnx.Module):
         return jnp.concatenate([jnp.cos(arg), jnp.sin(arg)], axis=-1)
 
 
-def make_embedding(kind: str, dim: int, *, rngs: nnx.Rngs):
-    """``kind`` in ``{'fourier', 'positional'}``; raises ``ValueError`` otherwise."""
+DEFAULT_SCALES = {"fourier": 16.0, "positional": 1.0}
+
+
+def make_embedding(kind: str, dim: int, scale: float | None = None, *, rngs: nnx.Rngs):
+    """The embedding ``kind`` in ``{'fourier', 'positional'}`` of ``c_noise``.
+
+    ``scale`` multiplies the frequencies; the defaults (:data:`DEFAULT_SCALES`) suit
+    EDM's ``c_noise = ln(sigma) / 4`` (about [-1.6, 1.1]): NCSN++'s Fourier scale 16, and
+    the positional embedding applied to ``c_noise`` directly, as EDM's DDPM++ does (the
+    DDPM convention ``1000 t`` assumes ``t`` in [0, 1]).
+
+    Raises:
+      ValueError: unknown ``kind`` or a non-positive ``scale``.
+    """
+    if scale is None:
+        scale = DEFAULT_SCALES.get(kind, 1.0)
+    if not scale > 0:
+        raise ValueError(f"model.emb_scale must be > 0; got {scale}")
     if kind == "fourier":
-        return FourierEmbedding(dim, rngs=rngs)
+        return FourierEmbedding(dim, scale, rngs=rngs)
     if kind == "positional":
-        return PositionalEmbedding(dim)
+        return PositionalEmbedding(dim, scale=scale)
     raise ValueError(f"model.embedding must be one of ['fourier', 'positional']; got {kind!r}")

@@ -22,7 +22,8 @@ class MLP(nnx.Module):
     Args:
       data_shape: shape of one example (e.g. ``(2,)`` or ``(8, 8, 1)``).
       width, depth: hidden units per layer and number of hidden layers (>= 1).
-      emb_dim: size of the noise embedding; ``embedding`` is ``'fourier'`` or ``'positional'``.
+      emb_dim: size of the noise embedding; ``embedding`` is ``'fourier'`` or ``'positional'``,
+        ``emb_scale`` its frequency scale (default: see ``embeddings.make_embedding``).
       dropout: dropout rate in [0, 1) applied after each hidden layer when training.
 
     Raises:
@@ -37,6 +38,7 @@ class MLP(nnx.Module):
         emb_dim: int = 64,
         embedding: str = "fourier",
         dropout: float = 0.0,
+        emb_scale: float | None = None,
         *,
         rngs: nnx.Rngs,
     ):
@@ -46,7 +48,7 @@ class MLP(nnx.Module):
             raise ValueError(f"model.dropout must be in [0, 1); got {dropout}")
         self.data_shape = tuple(data_shape)
         d = math.prod(self.data_shape)
-        self.embed = make_embedding(embedding, emb_dim, rngs=rngs)
+        self.embed = make_embedding(embedding, emb_dim, emb_scale, rngs=rngs)
         self.emb_in = nnx.Linear(emb_dim, width, rngs=rngs)
         self.x_in = nnx.Linear(d, width, rngs=rngs)
         self.hidden = nnx.List([nnx.Linear(width, width, rngs=rngs) for _ in range(depth)])
