@@ -15,8 +15,17 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 PACKAGES = (
-    "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "hydra-core", "omegaconf",
-    "numpy", "scipy", "scikit-learn", "scorelib",
+    "jax",
+    "jaxlib",
+    "flax",
+    "optax",
+    "orbax-checkpoint",
+    "hydra-core",
+    "omegaconf",
+    "numpy",
+    "scipy",
+    "scikit-learn",
+    "scorelib",
 )
 
 
@@ -29,7 +38,10 @@ def git_revision(repo: Path | None = None) -> dict[str, Any]:
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=repo, capture_output=True, text=True, check=True,
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
         return {"commit": rev, "dirty": bool(dirty)}
     except (OSError, subprocess.CalledProcessError):

@@ -27,7 +27,9 @@ register_configs()
 def newest_samples(run_dir: Path) -> Path:
     found = sorted((run_dir / "samples").rglob("samples.npz"), key=lambda p: p.stat().st_mtime)
     if not found:
-        raise FileNotFoundError(f"{run_dir / 'samples'}: no samples.npz; run experiments.sample first")
+        raise FileNotFoundError(
+            f"{run_dir / 'samples'}: no samples.npz; run experiments.sample first"
+        )
     return found[-1]
 
 
@@ -41,12 +43,12 @@ def run_evaluation(cfg: DictConfig) -> dict:
     samples = np.load(path)["samples"]
     data = build.build_data(train_cfg)
     if data.images is not None:
-        result = evaluate_images(samples, data.images, train_cfg.data.name, seed=cfg.seed,
-                                 cache_dir=cfg.cache_dir)
+        result = evaluate_images(
+            samples, data.images, train_cfg.data.name, seed=cfg.seed, cache_dir=cfg.cache_dir
+        )
         table = format_image_table(result, train_cfg.data.name)
     else:
         ref = data.reference(samples.shape[0], seed=cfg.seed + 1)
-
 
         process = build.build_process(train_cfg)
         rng = np.random.default_rng(cfg.seed)

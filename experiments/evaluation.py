@@ -42,12 +42,16 @@ def evaluate_images(samples, dataset, data_name: str, *, seed: int = 0, cache_di
       memorisation statistics of the samples and of the test split.
     """
     if data_name not in CLASSIFIERS:
-        raise ValueError(f"FD needs a bundled classifier: data.name must be one of {list(CLASSIFIERS)}")
+        raise ValueError(
+            f"FD needs a bundled classifier: data.name must be one of {list(CLASSIFIERS)}"
+        )
     cache = cache_dir or default_cache_dir(os.environ)
     ext = FeatureExtractor.load_or_train(CLASSIFIERS[data_name](), cache)
     n = samples.shape[0]
     rng = np.random.default_rng(seed)
-    floor = dataset.train[rng.choice(dataset.train.shape[0], size=min(n, dataset.train.shape[0]), replace=False)]
+    floor = dataset.train[
+        rng.choice(dataset.train.shape[0], size=min(n, dataset.train.shape[0]), replace=False)
+    ]
     test_feats = ext.features(dataset.test)
     from scorelib.metrics import fd_features
 
@@ -55,7 +59,9 @@ def evaluate_images(samples, dataset, data_name: str, *, seed: int = 0, cache_di
         "n": int(n),
         "fd": fd_features(ext.features(samples), test_feats),
         "fd_floor": fd_features(ext.features(floor), test_feats),
-        "fd_gaussian": fd_features(ext.features(gaussian_baseline(dataset.train, n, seed)), test_feats),
+        "fd_gaussian": fd_features(
+            ext.features(gaussian_baseline(dataset.train, n, seed)), test_feats
+        ),
         "classifier_test_accuracy": float(ext.info.get("test_accuracy", float("nan"))),
     }
     mem = memorisation_stats(samples, dataset.train, reference=dataset.test)
@@ -64,7 +70,10 @@ def evaluate_images(samples, dataset, data_name: str, *, seed: int = 0, cache_di
 
 
 def evaluate_points(samples, reference, *, seed: int = 0, prior=None) -> dict:
-    """Energy distance and sliced W2 of 2-D ``samples`` to ``reference`` (and of ``prior`` if given)."""
+    """Energy distance and sliced W2 of ``samples: [n, 2]`` to ``reference: [m, 2]``.
+
+    With ``prior`` (draws of the process's prior), its energy distance is reported beside.
+    """
     out = {
         "energy_distance": energy_distance(samples, reference),
         "sliced_w2": sliced_wasserstein2(samples, reference, n_projections=256, seed=seed),

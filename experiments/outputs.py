@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 
 
-def save_samples(out_dir: Path, samples: np.ndarray, meta: dict, reference: np.ndarray | None = None):
+def save_samples(
+    out_dir: Path, samples: np.ndarray, meta: dict, reference: np.ndarray | None = None
+):
     """Write ``samples.npz`` (key ``samples``), ``samples.json`` (meta) and ``samples.png``.
 
     Args:
@@ -24,7 +26,9 @@ def save_samples(out_dir: Path, samples: np.ndarray, meta: dict, reference: np.n
     np.savez(tmp, samples=np.asarray(samples))
     os.replace(tmp, out_dir / "samples.npz")
     (out_dir / "samples.json").write_text(json.dumps(meta, indent=2, default=str))
-    plot_samples(out_dir / "samples.png", np.asarray(samples), title=meta.get("title"), reference=reference)
+    plot_samples(
+        out_dir / "samples.png", np.asarray(samples), title=meta.get("title"), reference=reference
+    )
 
 
 def plot_samples(path: Path, samples: np.ndarray, *, title=None, reference=None, max_images=100):
@@ -45,8 +49,13 @@ def plot_samples(path: Path, samples: np.ndarray, *, title=None, reference=None,
                 np.clip(samples[i], -1, 1) + 1
             ) / 2
         fig, ax = plt.subplots(figsize=(6, 6 * canvas.shape[0] / canvas.shape[1]))
-        ax.imshow(canvas[..., 0] if c == 1 else canvas, cmap="gray" if c == 1 else None,
-                  interpolation="nearest", vmin=0, vmax=1)
+        ax.imshow(
+            canvas[..., 0] if c == 1 else canvas,
+            cmap="gray" if c == 1 else None,
+            interpolation="nearest",
+            vmin=0,
+            vmax=1,
+        )
         ax.axis("off")
     else:
         pts = samples.reshape(samples.shape[0], -1)

@@ -1,4 +1,4 @@
-"""Sample from a trained run: ``python -m experiments.sample run_dir=<run> [sampler=dpmpp_2m sampler.steps=10]``.
+"""Sample from a trained run: ``python -m experiments.sample run_dir=<run> [sampler=...]``.
 
 Rebuilds the model from the run's ``config.yaml``, restores its latest checkpoint (a
 checkpoint from a different model config is refused with a clear error), and writes
@@ -44,7 +44,9 @@ def load_run(run_dir: str | Path, sampler_cfg: DictConfig | None = None, step: i
             raise FileNotFoundError(f"{run_dir / 'checkpoints'}: no checkpoint to sample from")
         if step is not None and step not in steps:
             raise FileNotFoundError(f"step={step}: no such checkpoint in {run_dir}; have {steps}")
-        state = ckpt.restore(steps[-1] if step is None else step, training.abstract_state(run.state))
+        state = ckpt.restore(
+            steps[-1] if step is None else step, training.abstract_state(run.state)
+        )
     finally:
         ckpt.close()
     return run, state

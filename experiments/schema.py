@@ -126,7 +126,8 @@ class SamplerConfig:
 @dataclass
 class DataConfig:
     name: str = "digits"  # digits | mnist | toy | npz
-    toy: str = "checkerboard"  # for name=toy: 8gaussians | checkerboard | moons | swissroll | rings | pinwheel
+    # for name=toy: 8gaussians | checkerboard | moons | swissroll | rings | pinwheel
+    toy: str = "checkerboard"
     path: str | None = None  # for name=npz
     key: str = "images"  # array key in the .npz
     sigma_data: float = 0.5

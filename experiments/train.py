@@ -64,18 +64,28 @@ def setup(cfg: DictConfig) -> Run:
     data = build.build_data(cfg)
     model = build.build_model(cfg, data.data_shape, tc.seed)
     optimizer = training.make_optimizer(
-        cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.grad_clip, cfg.optim.b1, cfg.optim.b2,
+        cfg.optim.lr,
+        cfg.optim.warmup_steps,
+        cfg.optim.grad_clip,
+        cfg.optim.b1,
+        cfg.optim.b2,
         cfg.optim.eps,
     )
     ema = training.EMA(
-        batch_size=tc.batch_size, decay=tc.ema_decay, halflife_nimg=tc.ema_halflife_nimg,
+        batch_size=tc.batch_size,
+        decay=tc.ema_decay,
+        halflife_nimg=tc.ema_halflife_nimg,
         rampup_ratio=tc.ema_rampup_ratio,
     )
     graphdef, state = training.init_state(model, optimizer, tc.seed)
     dropout = float(cfg.model.get("dropout", 0.0)) > 0
     make_source = training.network_source(process, graphdef, cfg.data.sigma_data, dropout=dropout)
     step_fn = training.make_train_step(
-        objective, make_source, optimizer, ema, data.batch_fn(tc.batch_size, tc.seed),
+        objective,
+        make_source,
+        optimizer,
+        ema,
+        data.batch_fn(tc.batch_size, tc.seed),
         lr_schedule=training.warmup_schedule(cfg.optim.lr, cfg.optim.warmup_steps),
     )
     run = Run(cfg, process, data, graphdef, state, step_fn, sampling, optimizer)
@@ -86,7 +96,9 @@ def setup(cfg: DictConfig) -> Run:
 def checkpointer(run: Run, run_dir: Path) -> training.Checkpointer:
     tc = run.cfg.trainer
     return training.Checkpointer(
-        run_dir / "checkpoints", save_every=tc.ckpt_every, keep_last=tc.keep_last,
+        run_dir / "checkpoints",
+        save_every=tc.ckpt_every,
+        keep_last=tc.keep_last,
         config=model_fingerprint(run.cfg, run.data.data_shape),
     )
 
@@ -95,12 +107,18 @@ def sample_and_save(run: Run, params, out_root: Path, *, step: int) -> Path:
     """Draw ``sampler.num_samples`` samples from ``params`` and write them under ``out_root``."""
     sc = run.cfg.sampler
     x, info = draw(
-        run.sampling, run.source(params), run.data.data_shape,
-        num_samples=sc.num_samples, batch_size=sc.batch_size, seed=sc.seed,
+        run.sampling,
+        run.source(params),
+        run.data.data_shape,
+        num_samples=sc.num_samples,
+        batch_size=sc.batch_size,
+        seed=sc.seed,
     )
     out_dir = out_root / f"{sc.name}_{sc.steps}_seed{sc.seed}"
     meta = {
-        "sampler": build.to_container(sc), "checkpoint_step": step, **info,
+        "sampler": build.to_container(sc),
+        "checkpoint_step": step,
+        **info,
         "title": f"{run.cfg.name}: {sc.name}, {sc.steps} steps, NFE {info.get('nfe')}",
     }
     ref = run.data.reference(2000) if run.data.images is None else None
@@ -116,8 +134,14 @@ def run_training(cfg: DictConfig) -> Path:
     ckpt = checkpointer(run, run_dir)
     try:
         state = training.train(
-            run.state, run.step_fn, num_steps=cfg.trainer.steps, ckpt=ckpt, log_dir=str(run_dir),
-            log_every=cfg.trainer.log_every, nonfinite=cfg.trainer.nonfinite, desc=cfg.name,
+            run.state,
+            run.step_fn,
+            num_steps=cfg.trainer.steps,
+            ckpt=ckpt,
+            log_dir=str(run_dir),
+            log_every=cfg.trainer.log_every,
+            nonfinite=cfg.trainer.nonfinite,
+            desc=cfg.name,
         )
     finally:
         ckpt.close()

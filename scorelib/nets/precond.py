@@ -43,5 +43,8 @@ def edm_precond(sigma: Array, sigma_data: float) -> Precond:
 
 
 def edm_loss_weight(sigma: Array, sigma_data: float) -> Array:
-    """``lambda(sigma) = (sigma^2 + sigma_data^2) / (sigma sigma_data)^2`` (Karras et al. 2022, Table 1)."""
+    """The EDM loss weight ``(sigma^2 + sigma_data^2) / (sigma sigma_data)^2``.
+
+    Source: Karras et al. 2022, Table 1; it makes ``lambda c_out^2 = 1``.
+    """
     return (sigma**2 + sigma_data**2) / (sigma * sigma_data) ** 2

@@ -138,9 +138,9 @@ class Process:
     # --- sampling and densities ---------------------------------------------
     def marginal_sample(self, x0: Array, t: Array, eps: Array) -> Array:
         """``x_t = alpha(t) x0 + sigma(t) eps``; ``x0, eps: [batch, *data_shape]``."""
-        return broadcast_to_data(self.alpha(t), x0) * x0 + broadcast_to_data(
-            self.sigma(t), x0
-        ) * eps
+        return (
+            broadcast_to_data(self.alpha(t), x0) * x0 + broadcast_to_data(self.sigma(t), x0) * eps
+        )
 
     def prior_sample(self, key: jax.Array, shape: tuple[int, ...], dtype=jnp.float32) -> Array:
         """A draw from the prior N(0, prior_std^2 I) of shape ``shape = (batch, *data_shape)``."""

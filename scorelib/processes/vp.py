@@ -81,7 +81,7 @@ class VP(_LinearBeta):
         return self._t_of_m(-0.5 * jax.nn.softplus(-jnp.asarray(log_snr)))
 
     def t_of_sigma(self, sigma):
-        return self._t_of_m(0.5 * jnp.log1p(-jnp.asarray(sigma) ** 2))
+        return self._t_of_m(0.5 * jnp.log1p(-(jnp.asarray(sigma) ** 2)))
 
     def sde(self, x, t):
         beta = broadcast_to_data(self.beta(t), x)

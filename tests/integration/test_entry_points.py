@@ -15,8 +15,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # A short toy_dsm run (VP process, DSM, 8 Gaussians on a ring of radius 2; Euler-Maruyama).
 TOY = [
-    "experiment=toy_dsm", "trainer.steps=1500", "trainer.log_every=50",
-    "trainer.ckpt_every=250", "sampler.steps=100", "sampler.num_samples=1000",
+    "experiment=toy_dsm",
+    "trainer.steps=1500",
+    "trainer.log_every=50",
+    "trainer.ckpt_every=250",
+    "sampler.steps=100",
+    "sampler.num_samples=1000",
     "sampler.batch_size=1000",
 ]
 
@@ -25,10 +29,16 @@ def run(module: str, *overrides: str, timeout: float = 600, check: bool = True):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
     proc = subprocess.run(
         [sys.executable, "-m", f"experiments.{module}", *overrides],
-        cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
     if check and proc.returncode != 0:
-        raise AssertionError(f"{module} {overrides} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise AssertionError(
+            f"{module} {overrides} failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+        )
     return proc
 
 
@@ -39,7 +49,9 @@ def final_state(run_dir: Path):
     from experiments.sample import load_run
 
     _, state = load_run(run_dir)
-    return [np.asarray(x) for x in jax.tree.leaves((state.params, state.ema_params, state.opt_state))]
+    return [
+        np.asarray(x) for x in jax.tree.leaves((state.params, state.ema_params, state.opt_state))
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +66,14 @@ def test_train_then_sample_beats_the_prior(toy_run):
     for name in ("config.yaml", "run_info.json", "metrics.jsonl"):
         assert (toy_run / name).is_file(), name
     assert list((toy_run / "samples").glob("*/samples.png"))
-    run("sample", f"run_dir={toy_run}", "sampler=dpmpp_2m", "sampler.steps=30",
-        "sampler.num_samples=2000", "sampler.batch_size=2000")
+    run(
+        "sample",
+        f"run_dir={toy_run}",
+        "sampler=dpmpp_2m",
+        "sampler.steps=30",
+        "sampler.num_samples=2000",
+        "sampler.batch_size=2000",
+    )
     out = toy_run / "samples" / "dpmpp_2m_30_seed0"
     x = np.load(out / "samples.npz")["samples"]
     assert x.shape == (2000, 2) and np.all(np.isfinite(x))
