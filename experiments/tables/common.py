@@ -252,7 +252,8 @@ def write_report(
     notes = "".join(f"- {n}\n" for n in result.get("notes", []))
     head = (
         f"# {name}\n\nReproduce with:\n\n```\n{command}\n```\n\n"
-        f"Seeds: {', '.join(str(int(s)) for s in seeds)}. Wall time: {wall_s:.0f} s.\n\n"
+        f"Seeds: {', '.join(str(int(s)) for s in seeds)}. "
+        f"Wall time of this launch: {wall_s:.0f} s.\n\n"
     )
     body = (
         head

@@ -375,7 +375,7 @@ def run_target(name: str, tc: DictConfig, run_dir: Path, log=print) -> dict:
             old = json.loads(cache.read_text())
             if old.get("digest") == digest:
                 log(f"[{name}] reusing {cache}")
-                return old
+                return {**old, "reused": True}
         except (OSError, ValueError):
             pass
 
@@ -644,9 +644,18 @@ def report(out: dict) -> dict:
             + (f"; non-finite steps skipped: {skipped}" if skipped else "")
         )
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    total = sum(r["timings"]["total_s"] for r in results.values())
+    cpu = sum(r["timings"]["cpu_s"] for r in results.values())
+    reused = sum(1 for r in results.values() if r.get("reused"))
     notes.append(
-        f"total wall time {out['wall_s']:.0f} s, cpu time {out['cpu_s']:.0f} s on "
-        f"{os.cpu_count()} cores" + (f" (load average at the end {load[0]:.1f})" if load else "")
+        f"compute time of all targets {total:.0f} s wall, {cpu:.0f} s cpu, on {os.cpu_count()} "
+        f"cores shared with other jobs (load average at the end {load[0]:.1f})"
+        if load
+        else f"compute time of all targets {total:.0f} s wall, {cpu:.0f} s cpu"
+    )
+    notes.append(
+        f"this launch: {out['wall_s']:.0f} s wall"
+        + (f", {reused} target(s) reused from partial/ of an earlier launch" if reused else "")
     )
     tables = []
     for tname, fn, caption in [

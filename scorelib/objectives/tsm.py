@@ -48,7 +48,7 @@ Array = Any
 
 KAPPAS = ("tsm", "dsm", "switch", "log_linear", "gaussian_optimal")
 T_SAMPLINGS = ("uniform", "log_sigma")
-WEIGHTINGS = DSM_WEIGHTINGS + ("alpha2", "relative")
+WEIGHTINGS = DSM_WEIGHTINGS + ("alpha2", "relative", "kappa")
 
 
 def kappa_schedule(
@@ -106,6 +106,9 @@ class MixedScoreMatching(Objective):
         level counts by its *relative* score error: ``alpha^2`` at low noise and
         ``sigma^2 / sigma_d^2`` at high noise (EDM's weighting of the denoiser, Karras et
         al. 2022 Table 1, written for the score, is ``sigma_ve^2`` times this).
+        ``'kappa'``: ``kappa alpha^2 + (1 - kappa) sigma^2``, each label's own weighting in
+        proportion to its share of the mixed label (``'alpha2'`` for pure TSM, ``'sigma2'``
+        for pure DSM); our choice for the mixtures, not the paper's.
       reduce: ``'mean'`` or ``'sum'`` over the data axes.
       t_range: ``(lo, hi)`` process times to sample; default ``(t_min, t_max)``.
       t_sampling: ``'uniform'`` in ``t`` (like DSM) or ``'log_sigma'``: ``log
@@ -194,6 +197,9 @@ class MixedScoreMatching(Objective):
         """``lambda(t)``: ``[batch]`` (DSM's weightings, and ``alpha(t)^2``)."""
         if self.weighting == "alpha2":
             return self.process.alpha(t) ** 2
+        if self.weighting == "kappa":
+            k = self.kappa_of(self.process.ve_sigma(t))
+            return k * self.process.alpha(t) ** 2 + (1.0 - k) * self.process.sigma(t) ** 2
         if self.weighting == "relative":
             sd2 = self.data_std**2
             return self.process.alpha(t) ** 2 * (sd2 + self.process.ve_sigma(t) ** 2) / sd2

@@ -336,6 +336,12 @@ def test_weightings():
     sd = 0.8
     rel = MixedScoreMatching(p, tg, weighting="relative", sigma_d=sd).weight(t)
     np.testing.assert_allclose(rel, a**2 * (sd**2 + (s / a) ** 2) / sd**2, rtol=1e-5)
+    mix = MixedScoreMatching(
+        p, tg, kappa="log_linear", sigma_lo=0.1, sigma_hi=10.0, weighting="kappa"
+    )
+    k = np.clip(np.log(10.0 / (s / a)) / np.log(100.0), 0, 1)
+    np.testing.assert_allclose(mix.weight(t), k * a**2 + (1 - k) * s**2, rtol=1e-5)
+    assert 0 < k[1] < 1  # the interpolation is exercised
     # pure TSM with alpha2 is the normalised loss ||alpha s_theta - grad log p0(x0)||^2
     src = LinearScore(process=p, A=-jnp.eye(1), b=jnp.zeros(1), c=jnp.zeros(1))
     x0 = tg.sample(jax.random.key(0), 5)
