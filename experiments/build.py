@@ -22,7 +22,7 @@ from scorelib.data.images import ImageDataset
 from scorelib.data.toy import TOY_NAMES
 from scorelib.samplers import edm_grid, get_sampler, log_snr_grid, uniform_t_grid
 
-DATA_NAMES = ("digits", "mnist", "toy", "npz")
+DATA_NAMES = ("digits", "mnist", "toy", "npz", "target")
 GRIDS = ("edm", "uniform_t", "log_snr")
 SAMPLER_OPTIONS = {
     "heun": ("S_churn", "S_min", "S_max", "S_noise"),
@@ -40,10 +40,13 @@ class Data:
 
     name: str
     data_shape: tuple[int, ...]
-    images: ImageDataset | None  # None for toy streams
+    images: ImageDataset | None  # None for toy streams and targets
+    target: Any = None  # a scorelib.data.targets target for name=target
 
     def batch_fn(self, batch_size: int, seed: int):
         """A pure jnp function ``step -> [batch_size, *data_shape]`` usable inside jit."""
+        if self.target is not None:
+            return functools.partial(_target_batch, self.target, batch_size, seed)
         if self.images is None:
             toy = self.name.split(":", 1)[1]
             return functools.partial(_toy_batch, toy, batch_size, seed)
@@ -51,7 +54,10 @@ class Data:
         return functools.partial(_image_batch, train, batch_size, seed)
 
     def reference(self, n: int, seed: int = 12345) -> np.ndarray:
-        """Held-out reference samples: the test split, or fresh toy samples."""
+        """Held-out reference samples: the test split, or fresh toy or target samples."""
+        if self.target is not None:
+            key = jax.random.key(seed)
+            return np.asarray(self.target.sample(key, n, needed_by="reference samples"))
         if self.images is None:
             from scorelib.data import toy_sample
 
@@ -61,6 +67,10 @@ class Data:
 
 def _toy_batch(name, batch_size, seed, step):
     return toy_batch(name, batch_size, seed=seed, step=step)
+
+
+def _target_batch(target, batch_size, seed, step):
+    return target.batch(batch_size, seed=seed, step=step)
 
 
 def _image_batch(train, batch_size, seed, step):
@@ -78,6 +88,12 @@ def build_data(cfg: DictConfig) -> Data:
         if not cfg.data.path:
             raise ValueError("data.path must name a .npz file for data=npz")
         ds = load_npz(cfg.data.path, key=cfg.data.key)
+    elif name == "target":
+        if not cfg.data.get("target"):
+            raise ValueError("data.target must describe a target for data=target")
+        target = instantiate(cfg.data.target, _convert_="all")
+        target.require_samples("data=target (training batches)")
+        return Data(f"target:{target.name}", (target.dim,), images=None, target=target)
     elif name == "toy":
         if cfg.data.toy not in TOY_NAMES:
             raise ValueError(f"data.toy must be one of {list(TOY_NAMES)}; got {cfg.data.toy!r}")

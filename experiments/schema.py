@@ -125,12 +125,14 @@ class SamplerConfig:
 
 @dataclass
 class DataConfig:
-    name: str = "digits"  # digits | mnist | toy | npz
+    name: str = "digits"  # digits | mnist | toy | npz | target
     # for name=toy: 8gaussians | checkerboard | moons | swissroll | rings | pinwheel
     toy: str = "checkerboard"
     path: str | None = None  # for name=npz
     key: str = "images"  # array key in the .npz
     sigma_data: float = 0.5
+    # for name=target: kwargs of scorelib.data.targets.make_target (with its _target_)
+    target: Any = None
 
 
 # --- optimisation and trainer --------------------------------------------------

@@ -9,9 +9,23 @@ from scorelib.data.images import (
     mnist_subset_path,
     stratified_split,
 )
+from scorelib.data.targets import (
+    EnergyTarget,
+    GaussianMixtureTarget,
+    ManyWellTarget,
+    Target,
+    make_target,
+    random_gaussian_mixture,
+)
 from scorelib.data.toy import TOY_NAMES, ring_means, toy_batch, toy_from_keys, toy_sample, toy_std
 
 __all__ = [
+    "EnergyTarget",
+    "GaussianMixtureTarget",
+    "ManyWellTarget",
+    "Target",
+    "make_target",
+    "random_gaussian_mixture",
     "TOY_NAMES",
     "ImageDataset",
     "batch_indices",
