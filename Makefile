@@ -17,13 +17,16 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 install: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=15 tests
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
+# The main job: EDM on the real 8x8 digits (train, sample with Heun-18), then the FD /
+# memorisation table. Rerunning resumes (or reuses) outputs/digits_edm.
 demo: $(STAMP)
-	$(BIN)/python -m experiments.demo
+	$(BIN)/python -m experiments.train experiment=digits_edm
+	$(BIN)/python -m experiments.evaluate run_dir=outputs/digits_edm
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/samplers.py
