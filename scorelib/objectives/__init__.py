@@ -1,6 +1,6 @@
 """Training objectives: ``objective(source, x0, key) -> (loss, metrics)``."""
 
-from scorelib.objectives.base import Objective, reduce_per_example
+from scorelib.objectives.base import Objective, example_draws, reduce_per_example
 from scorelib.objectives.dsm import DSM, EDMLoss
 from scorelib.objectives.tsm import (
     KAPPAS,
@@ -23,4 +23,5 @@ __all__ = [
     "label_residuals",
     "OBJECTIVES",
     "reduce_per_example",
+    "example_draws",
 ]

@@ -26,6 +26,36 @@ Array = Any
 REDUCTIONS = ("mean", "sum")
 
 
+def example_draws(key: jax.Array, x0: Array, scalar: str) -> tuple[Array, Array]:
+    """Each example's noise level draw and Gaussian noise, from its own key.
+
+    Example ``b`` uses only ``fold_in(key, b)`` (split into a scalar key and a noise
+    key), so its draws do not depend on the batch size, and a batch sharded over
+    devices gets the same noise as on one device (DESIGN: per-example keys).
+
+    Args:
+      key: the step's PRNG key.
+      x0: ``[batch, *data_shape]`` clean data (only its shape and dtype are used).
+      scalar: ``'uniform'`` (``u ~ U[0, 1)``) or ``'normal'`` (``z ~ N(0, 1)``).
+
+    Returns:
+      ``(s, eps)``: ``s: [batch]`` the scalar draws, ``eps: [batch, *data_shape]``
+      standard normal noise, in ``x0.dtype``.
+
+    Raises:
+      ValueError: for an unknown ``scalar``.
+    """
+    if scalar not in ("uniform", "normal"):
+        raise ValueError(f"scalar must be 'uniform' or 'normal'; got {scalar!r}")
+    draw = jax.random.uniform if scalar == "uniform" else jax.random.normal
+
+    def one(i):
+        ks, ke = jax.random.split(jax.random.fold_in(key, i))
+        return draw(ks, (), x0.dtype), jax.random.normal(ke, x0.shape[1:], x0.dtype)
+
+    return jax.vmap(one)(jnp.arange(x0.shape[0]))
+
+
 def reduce_per_example(err: Array, reduce: str) -> Array:
     """Reduce ``[batch, *data_shape]`` to ``[batch]`` by ``'mean'`` or ``'sum'`` over data axes."""
     axes = tuple(range(1, err.ndim))

@@ -18,11 +18,16 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import jax
 import jax.numpy as jnp
 
 from scorelib.nets.precond import edm_loss_weight
-from scorelib.objectives.base import REDUCTIONS, Objective, reduce_per_example, register
+from scorelib.objectives.base import (
+    REDUCTIONS,
+    Objective,
+    example_draws,
+    reduce_per_example,
+    register,
+)
 from scorelib.processes.base import Process, broadcast_to_data
 
 DSM_WEIGHTINGS = ("sigma2", "likelihood", "none")
@@ -74,11 +79,9 @@ class DSM(Objective):
 
     def per_example(self, source, x0, key):
         p = self.process
-        kt, ke = jax.random.split(key)
-        b = x0.shape[0]
         lo, hi = self.t_range if self.t_range is not None else (p.t_min, p.t_max)
-        t = jax.random.uniform(kt, (b,), minval=lo, maxval=hi, dtype=x0.dtype)
-        eps = jax.random.normal(ke, x0.shape, x0.dtype)
+        u, eps = example_draws(key, x0, "uniform")
+        t = lo + (hi - lo) * u
         xt = p.marginal_sample(x0, t, eps)
         sigma = broadcast_to_data(p.sigma(t), x0)
         err = reduce_per_example((source.score(xt, t) + eps / sigma) ** 2, self.reduce)
@@ -115,10 +118,8 @@ class EDMLoss(Objective):
 
     def per_example(self, source, x0, key):
         p = self.process
-        ks, kn = jax.random.split(key)
-        b = x0.shape[0]
-        sigma = jnp.exp(self.P_mean + self.P_std * jax.random.normal(ks, (b,), x0.dtype))
-        n = jax.random.normal(kn, x0.shape, x0.dtype)
+        z, n = example_draws(key, x0, "normal")
+        sigma = jnp.exp(self.P_mean + self.P_std * z)
         t = p.t_of_ve_sigma(sigma)
         alpha = broadcast_to_data(p.alpha(t), x0)
         xt = alpha * (x0 + broadcast_to_data(sigma, x0) * n)

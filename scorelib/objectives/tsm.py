@@ -40,7 +40,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from scorelib.objectives.base import REDUCTIONS, Objective, reduce_per_example, register
+from scorelib.objectives.base import (
+    REDUCTIONS,
+    Objective,
+    example_draws,
+    reduce_per_example,
+    register,
+)
 from scorelib.objectives.dsm import DSM, DSM_WEIGHTINGS
 from scorelib.processes.base import Process, broadcast_to_data
 
@@ -205,17 +211,21 @@ class MixedScoreMatching(Objective):
             return self.process.alpha(t) ** 2 * (sd2 + self.process.ve_sigma(t) ** 2) / sd2
         return DSM(self.process, weighting=self.weighting).weight(t)
 
-    def sample_t(self, key: jax.Array, batch: int, dtype=jnp.float32) -> Array:
-        """Training times ``[batch]`` per ``t_range`` and ``t_sampling``."""
+    def times(self, u: Array) -> Array:
+        """Training times ``[batch]`` from uniforms ``u: [batch]`` in [0, 1), per
+        ``t_range`` and ``t_sampling`` (uniform in t, or log-uniform in VE-frame sigma)."""
         p = self.process
         lo, hi = self.t_range if self.t_range is not None else (p.t_min, p.t_max)
         if self.t_sampling == "uniform":
-            return jax.random.uniform(key, (batch,), minval=lo, maxval=hi, dtype=dtype)
-        log_lo = jnp.log(p.ve_sigma(jnp.asarray(lo, dtype)))
-        log_hi = jnp.log(p.ve_sigma(jnp.asarray(hi, dtype)))
-        u = jax.random.uniform(key, (batch,), dtype=dtype)
+            return lo + (hi - lo) * u
+        log_lo = jnp.log(p.ve_sigma(jnp.asarray(lo, u.dtype)))
+        log_hi = jnp.log(p.ve_sigma(jnp.asarray(hi, u.dtype)))
         t = p.t_of_ve_sigma(jnp.exp(log_lo + u * (log_hi - log_lo)))
-        return jnp.clip(t, lo, hi).astype(dtype)
+        return jnp.clip(t, lo, hi).astype(u.dtype)
+
+    def sample_t(self, key: jax.Array, batch: int, dtype=jnp.float32) -> Array:
+        """``batch`` training times from one key (see :meth:`times`)."""
+        return self.times(jax.random.uniform(key, (batch,), dtype=dtype))
 
     def labels(self, x0: Array, t: Array, eps: Array) -> dict[str, Array]:
         """The regression labels at given ``x0: [b, d]``, ``t: [b]``, ``eps: [b, d]``.
@@ -253,12 +263,10 @@ class MixedScoreMatching(Objective):
         Args:
           source: a score source (e.g. a ``NetworkScore`` being trained).
           x0: ``[batch, d]`` clean samples of the target.
-          key: PRNG key; split as ``(k_t, k_eps)`` like :class:`DSM`.
+          key: PRNG key; per-example draws as in :class:`DSM` (``example_draws``).
         """
-        kt, ke = jax.random.split(key)
-        b = x0.shape[0]
-        t = self.sample_t(kt, b, x0.dtype)
-        eps = jax.random.normal(ke, x0.shape, x0.dtype)
+        u, eps = example_draws(key, x0, "uniform")
+        t = self.times(u)
         lab = self.labels(x0, t, eps)
         err = reduce_per_example((source.score(lab["xt"], t) - lab["u"]) ** 2, self.reduce)
         return self.weight(t) * err, {"t": t, "sigma_ve": lab["sigma_ve"], "kappa": lab["kappa"]}

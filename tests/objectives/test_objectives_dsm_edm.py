@@ -18,7 +18,7 @@ import numpy as np
 import optax
 import pytest
 
-from scorelib.objectives import DSM, EDMLoss
+from scorelib.objectives import DSM, EDMLoss, example_draws
 from scorelib.processes import EDM, VE, VP, SubVP, broadcast_to_data
 from scorelib.scores import ScoreSource
 
@@ -107,11 +107,10 @@ def _data(b, shape, seed=0):
 
 
 def _ref_dsm(proc, weighting, reduce, x0, key):
-    """Per-example loop for DSM in float64 from the draws ``k_t, k_eps = split(key)``."""
+    """Per-example loop for DSM in float64 from the objective's per-example draws."""
     b = x0.shape[0]
-    kt, ke = jax.random.split(key)
-    t = np.asarray(jax.random.uniform(kt, (b,), minval=proc.t_min, maxval=proc.t_max), np.float64)
-    eps = np.asarray(jax.random.normal(ke, x0.shape), np.float64)
+    u, eps = (np.asarray(v, np.float64) for v in example_draws(key, x0, "uniform"))
+    t = proc.t_min + (proc.t_max - proc.t_min) * u
     x0n = np.asarray(x0, np.float64)
     ref = []
     for i in range(b):
@@ -125,11 +124,9 @@ def _ref_dsm(proc, weighting, reduce, x0, key):
 
 
 def _ref_edm(proc, reduce, x0, key, P_mean, P_std, sigma_data):
-    """Per-example loop for the EDM loss from the draws ``k_sigma, k_n = split(key)``."""
+    """Per-example loop for the EDM loss from the objective's per-example draws."""
     b = x0.shape[0]
-    ks, kn = jax.random.split(key)
-    z = np.asarray(jax.random.normal(ks, (b,)), np.float64)
-    n = np.asarray(jax.random.normal(kn, x0.shape), np.float64)
+    z, n = (np.asarray(v, np.float64) for v in example_draws(key, x0, "normal"))
     x0n = np.asarray(x0, np.float64)
     ref, sig = [], []
     for i in range(b):
@@ -261,3 +258,48 @@ def test_dsm_bad_fields(kwargs, field):
 def test_edm_bad_fields(kwargs, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
         EDMLoss(process=EDM(), **kwargs)
+
+
+# --- per-example randomness ------------------------------------------------------
+
+
+def test_an_examples_noise_does_not_depend_on_the_batch():
+    """DESIGN: per-example keys. The first 3 examples of a batch of 7 get the same noise
+    level, noise and loss as a batch of those 3 alone (a sharded or resized batch trains
+    on the same noise)."""
+    key = jax.random.key(5)
+    x0 = _data(7, (4,))
+    objs = (DSM(VP(), weighting="sigma2"), EDMLoss(VP(), **EDM_HP))
+    small = _evaluate(objs, ToySource(process=VP()), x0[:3], key)
+    big = _evaluate(objs, ToySource(process=VP()), x0, key)
+    for (per_s, aux_s), (per_b, aux_b) in ((s[0], b[0]) for s, b in zip(small, big, strict=True)):
+        np.testing.assert_array_equal(per_s, per_b[:3])
+        for k in aux_s:
+            np.testing.assert_array_equal(aux_s[k], aux_b[k][:3])
+    for scalar in ("uniform", "normal"):
+        s3, e3 = example_draws(key, x0[:3], scalar)
+        s7, e7 = example_draws(key, x0, scalar)
+        np.testing.assert_array_equal(s3, s7[:3])
+        np.testing.assert_array_equal(e3, e7[:3])
+    with pytest.raises(ValueError, match="'uniform' or 'normal'"):
+        example_draws(key, x0, "beta")
+
+
+def test_example_draws_distribution():
+    """KS tests against U[0, 1) and N(0, 1) (scipy), and no correlation between the
+    scalar draw and the noise or between neighbouring examples."""
+    scipy_stats = pytest.importorskip("scipy.stats")
+    x0 = jnp.zeros((20_000, 3))
+    u, eps = example_draws(jax.random.key(0), x0, "uniform")
+    z, _ = example_draws(jax.random.key(1), x0, "normal")
+    u, eps, z = (np.asarray(v, np.float64) for v in (u, eps, z))
+    assert scipy_stats.kstest(u, "uniform").pvalue > 1e-3
+    assert scipy_stats.kstest(z, "norm").pvalue > 1e-3
+    assert scipy_stats.kstest(eps.ravel(), "norm").pvalue > 1e-3
+    for a, b in (
+        (u, eps[:, 0]),
+        (u[1:], u[:-1]),
+        (eps[1:, 0], eps[:-1, 0]),
+        (eps[:, 0], eps[:, 1]),
+    ):
+        assert abs(np.corrcoef(a, b)[0, 1]) < 4 / np.sqrt(len(a))

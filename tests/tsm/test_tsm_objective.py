@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from scorelib.data.targets import GaussianMixtureTarget, gmm_1d, random_gaussian_mixture
-from scorelib.objectives import DSM, TSM, MixedScoreMatching, kappa_schedule
+from scorelib.objectives import DSM, TSM, MixedScoreMatching, example_draws, kappa_schedule
 from scorelib.processes import EDM, VE, VP
 from scorelib.scores import MixtureScore, ScoreSource
 
@@ -69,9 +69,8 @@ def test_target_score_identity_by_importance_weights_on_1d_mixture(process, s_ve
 def _per_example_grads(obj, src, x0, key):
     """``[n, n_params]`` gradients of the per-example losses of ``obj`` (labels from the
     objective itself, with its own split of ``key`` into times and noise)."""
-    kt, ke = jax.random.split(key)
-    t = obj.sample_t(kt, x0.shape[0])
-    eps = jax.random.normal(ke, x0.shape)
+    u, eps = example_draws(key, x0, "uniform")
+    t = obj.times(u)
     lab = obj.labels(x0, t, eps)
     w = obj.weight(t)
 
@@ -237,9 +236,8 @@ def test_per_example_loss_against_a_loop(b):
     key = jax.random.key(4)
     loss, aux = obj.per_example(src, x0, key)
     assert loss.shape == (b,)
-    kt, ke = jax.random.split(key)
-    t = obj.sample_t(kt, b)
-    eps = jax.random.normal(ke, x0.shape)
+    u, eps = example_draws(key, x0, "uniform")
+    t = obj.times(u)
     np.testing.assert_array_equal(aux["t"], t)
     # reference in float64 numpy, one example at a time (the clean target score is
     # tested on its own in test_targets.py)
@@ -347,9 +345,9 @@ def test_weightings():
     x0 = tg.sample(jax.random.key(0), 5)
     obj = TSM(p, tg, weighting="alpha2", reduce="sum")
     loss, aux = obj.per_example(src, x0, jax.random.key(1))
-    kt, ke = jax.random.split(jax.random.key(1))
-    tt = obj.sample_t(kt, 5)
-    xt = p.marginal_sample(x0, tt, jax.random.normal(ke, x0.shape))
+    u, eps = example_draws(jax.random.key(1), x0, "uniform")
+    tt = obj.times(u)
+    xt = p.marginal_sample(x0, tt, eps)
     at = p.alpha(tt)[:, None]
     ref = jnp.sum((at * src.score(xt, tt) - tg.score(x0)) ** 2, -1)
     np.testing.assert_allclose(loss, ref, rtol=1e-4)
