@@ -291,8 +291,8 @@ def analyse_dataset(name: str, source, process, dataset, fd_of, tc: DictConfig,
 
     grid = edm_grid(int(tc.sweeps[0].steps))
     floor_rng = np.random.default_rng(0)
-    n_floor = min(int(tc.num_samples), train.shape[0])
-    fd_floor = fd_of(train[floor_rng.choice(train.shape[0], n_floor, replace=False)])
+    # i.i.d. draws of training images, as a perfect sampler would give (metrics.fd_floor)
+    fd_floor = fd_of(train[floor_rng.integers(0, train.shape[0], int(tc.num_samples))])
     g_only = [fd_of(gaussian_only_samples(gaussian, data_shape, grid=grid, seed=s,
                                           num_samples=int(tc.num_samples))) for s in tc.seeds]
     return DatasetResult(name, explained, sweeps, summary, float(fd_floor),

@@ -13,7 +13,7 @@ from scorelib.metrics.distances import (
     sliced_wasserstein2,
     wasserstein2_1d,
 )
-from scorelib.metrics.frechet import fd_features, frechet_distance, gaussian_stats
+from scorelib.metrics.frechet import fd_features, fd_floor, frechet_distance, gaussian_stats
 from scorelib.metrics.memorisation import (
     memorisation_stats,
     nearest_neighbour_distances,
@@ -26,6 +26,7 @@ __all__ = [
     "default_cache_dir",
     "energy_distance",
     "fd_features",
+    "fd_floor",
     "frechet_distance",
     "gaussian_stats",
     "median_bandwidth",

@@ -93,3 +93,38 @@ def fd_features(a, b) -> float:
       ValueError: as :func:`gaussian_stats` and :func:`frechet_distance`.
     """
     return frechet_distance(*gaussian_stats(a), *gaussian_stats(b))
+
+
+def fd_floor(train_features, ref_features, n: int, *, draws: int = 5, seed: int = 0):
+    """The FD a perfect sampler of the training distribution gets with ``n`` samples.
+
+    Each draw takes ``n`` rows of ``train_features: [m, f]`` i.i.d. *with replacement*
+    (``n`` samples of the training set's empirical distribution, as a model that
+    reproduced it exactly would give) and computes their FD to ``ref_features: [k, f]``.
+    A subset drawn *without* replacement is not such a floor: with ``n`` close to ``m``
+    it has almost no sampling noise (e.g. almost exact class proportions), so its FD
+    lies below what any i.i.d. sampler, however good, reaches with ``n`` samples.
+
+    Args:
+      train_features: ``[m, f]`` features of the training set.
+      ref_features: ``[k, f]`` features of the reference (test) set.
+      n: samples per draw (>= 2), the number of samples the floor is compared with.
+      draws: number of independent draws (>= 1).
+      seed: numpy seed of the draws.
+
+    Returns:
+      ``(mean, std)`` of the FD over the draws (``std`` is 0 for one draw).
+
+    Raises:
+      ValueError: for ``n < 2`` or ``draws < 1``, and as :func:`fd_features`.
+    """
+    if n < 2 or draws < 1:
+        raise ValueError(f"fd_floor needs n >= 2 and draws >= 1; got n={n}, draws={draws}")
+    train = np.asarray(train_features, dtype=np.float64)
+    ref_stats = gaussian_stats(ref_features)
+    rng = np.random.default_rng(seed)
+    fds = [
+        frechet_distance(*gaussian_stats(train[rng.integers(0, train.shape[0], n)]), *ref_stats)
+        for _ in range(draws)
+    ]
+    return float(np.mean(fds)), float(np.std(fds))
