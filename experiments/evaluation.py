@@ -30,6 +30,16 @@ def gaussian_baseline(train: np.ndarray, n: int, seed: int) -> np.ndarray:
     return draws.reshape((n,) + train.shape[1:]).astype(np.float32)
 
 
+def check_finite(samples) -> None:
+    """Raise ValueError naming how many of ``samples: [n, ...]`` hold a NaN or inf."""
+    bad = int(np.sum(~np.isfinite(np.reshape(samples, (len(samples), -1))).all(axis=1)))
+    if bad:
+        raise ValueError(
+            f"{bad} of {len(samples)} samples are not finite (their trajectories diverged): "
+            "no distance is defined; inspect samples.npz or sample with another sampler"
+        )
+
+
 def evaluate_images(
     samples, dataset, data_name: str, *, seed: int = 0, cache_dir=None, floor_draws: int = 5
 ) -> dict:
@@ -55,8 +65,9 @@ def evaluate_images(
       ``n``, and the memorisation statistics of the samples and of the test split.
 
     Raises:
-      ValueError: for a ``data_name`` without a bundled classifier.
+      ValueError: for a ``data_name`` without a bundled classifier, or non-finite samples.
     """
+    check_finite(samples)
     if data_name not in CLASSIFIERS:
         raise ValueError(
             f"FD needs a bundled classifier: data.name must be one of {list(CLASSIFIERS)}"
@@ -88,7 +99,11 @@ def evaluate_points(samples, reference, *, seed: int = 0, prior=None) -> dict:
     """Energy distance and sliced W2 of ``samples: [n, 2]`` to ``reference: [m, 2]``.
 
     With ``prior`` (draws of the process's prior), its energy distance is reported beside.
+
+    Raises:
+      ValueError: for non-finite samples.
     """
+    check_finite(samples)
     out = {
         "energy_distance": energy_distance(samples, reference),
         "sliced_w2": sliced_wasserstein2(samples, reference, n_projections=256, seed=seed),

@@ -16,7 +16,8 @@ def check_sampler(sampling: Sampling, source, data_shape) -> None:
 
 
 def draw(sampling: Sampling, source, data_shape, *, num_samples: int, batch_size: int, seed: int):
-    """``num_samples`` samples ``[n, *data_shape]`` (numpy) and info (NFE, wall time).
+    """``num_samples`` samples ``[n, *data_shape]`` (numpy) and info (NFE, wall time, and
+    ``num_nonfinite``: how many samples hold a NaN or inf, i.e. diverged).
 
     Example ``i`` always uses ``fold_in(key(seed), i)``, whatever ``batch_size`` is.
     """
@@ -29,4 +30,6 @@ def draw(sampling: Sampling, source, data_shape, *, num_samples: int, batch_size
         out.append(np.asarray(x))
     info = {k: v for k, v in info.items() if isinstance(v, (int, float, str))}
     info["wall_s"] = time.perf_counter() - t0
-    return np.concatenate(out), info
+    x = np.concatenate(out)
+    info["num_nonfinite"] = int(np.sum(~np.isfinite(x.reshape(num_samples, -1)).all(axis=1)))
+    return x, info

@@ -123,6 +123,11 @@ def sample_and_save(run: Run, params, out_root: Path, *, step: int) -> Path:
     }
     ref = run.data.reference(2000) if run.data.images is None else None
     save_samples(out_dir, x, meta, reference=ref)
+    if info["num_nonfinite"]:
+        print(
+            f"warning: {info['num_nonfinite']} of {len(x)} samples are not finite "
+            "(their trajectories diverged); they are kept in samples.npz"
+        )
     return out_dir
 
 

@@ -1,0 +1,36 @@
+"""Diverged samples are counted when drawn and refused, with the count, when evaluated."""
+
+import numpy as np
+import pytest
+
+from experiments.build import Sampling
+from experiments.evaluation import evaluate_points
+from experiments.sampling import draw
+
+
+def _diverging(source, key, shape, *, grid, first_index=0):
+    """A stand-in sampler: global example i is NaN when i % 7 == 3, inf when i % 11 == 5."""
+    idx = first_index + np.arange(shape[0])
+    x = np.zeros(shape, np.float32)
+    x[idx % 7 == 3, 0] = np.nan
+    x[idx % 11 == 5, -1] = np.inf
+    return x, {"nfe": 1}
+
+
+def test_draw_counts_nonfinite_samples_across_batches():
+    s = Sampling("stub", _diverging, np.array([1.0, 0.0]), {})
+    x, info = draw(s, None, (2,), num_samples=50, batch_size=8, seed=0)
+    i = np.arange(50)
+    expected = int(np.sum((i % 7 == 3) | (i % 11 == 5)))  # counted once when both
+    assert x.shape == (50, 2) and info["num_nonfinite"] == expected == 11
+
+
+def test_evaluation_refuses_nonfinite_samples_with_the_count():
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((100, 2))
+    samples = rng.standard_normal((40, 2))
+    assert np.isfinite(evaluate_points(samples, ref)["energy_distance"])
+    samples[[3, 9], 1] = np.nan
+    samples[20, 0] = -np.inf
+    with pytest.raises(ValueError, match="3 of 40 samples are not finite"):
+        evaluate_points(samples, ref)
