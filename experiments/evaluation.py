@@ -41,7 +41,7 @@ def check_finite(samples) -> None:
 
 
 def evaluate_images(
-    samples, dataset, data_name: str, *, seed: int = 0, cache_dir=None, floor_draws: int = 5
+    samples, dataset, data_name: str, *, seed: int = 0, cache_dir=None, floor_draws: int = 20
 ) -> dict:
     """FD_<data> of ``samples`` vs the test split, its floor and Gaussian baseline, memorisation.
 

@@ -2,7 +2,9 @@
 
 Rebuilds the model from the run's ``config.yaml``, restores its latest checkpoint (a
 checkpoint from a different model config is refused with a clear error), and writes
-``<run>/samples/<sampler>_<steps>_seed<seed>/samples.{npz,json,png}``.
+``<run>/samples/<sampler>_<steps>_seed<seed>/samples.{npz,json,png}``. Without
+``sampler=<name>`` the run's own sampler config is used, with any ``sampler.<field>=``
+overrides applied (``sampler.seed=1`` redraws the run's samples with another seed).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import hydra
 import jax
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from experiments import train
@@ -52,9 +55,38 @@ def load_run(run_dir: str | Path, sampler_cfg: DictConfig | None = None, step: i
     return run, state
 
 
+def sampler_config(cfg: DictConfig, run_cfg: DictConfig, overrides: list[str]) -> DictConfig:
+    """The sampler config to sample with.
+
+    Args:
+      cfg: this app's composed config (its ``sampler`` group defaults to heun).
+      run_cfg: the training run's ``config.yaml``.
+      overrides: the command-line overrides (``HydraConfig.get().overrides.task``).
+
+    Returns:
+      ``cfg.sampler`` when the command line chose a group (``sampler=pc``); otherwise the
+      run's sampler with each ``sampler.<field>=`` of the command line taken from ``cfg``.
+    """
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
+    if "sampler" in keys:
+        return cfg.sampler
+    out = run_cfg.sampler.copy()
+    for key in keys:
+        if key.startswith("sampler."):
+            field = key.removeprefix("sampler.")
+            OmegaConf.update(out, field, OmegaConf.select(cfg.sampler, field), merge=False)
+    return out
+
+
 @clean_errors
 def run_sampling(cfg: DictConfig) -> Path:
-    run, state = load_run(cfg.run_dir, cfg.sampler, cfg.step)
+    run_cfg_path = Path(cfg.run_dir) / "config.yaml"
+    sampler_cfg = cfg.sampler
+    if run_cfg_path.is_file():
+        sampler_cfg = sampler_config(
+            cfg, OmegaConf.load(run_cfg_path), list(HydraConfig.get().overrides.task)
+        )
+    run, state = load_run(cfg.run_dir, sampler_cfg, cfg.step)
     params = state.ema_params if cfg.use_ema else state.params
     root = Path(cfg.run_dir) / "samples"
     if cfg.step is not None:

@@ -86,6 +86,13 @@ def test_train_then_sample_beats_the_prior(toy_run):
     e_samples, e_prior = energy_distance(x, target), energy_distance(prior, target)
     assert e_samples < 0.3 * e_prior, (e_samples, e_prior)
 
+    # Without `sampler=<name>`, the run's own sampler (Euler-Maruyama, 100 steps, 1,000
+    # samples) is used, with the `sampler.<field>=` overrides on top.
+    run("sample", f"run_dir={toy_run}", "sampler.seed=1")
+    x1 = np.load(toy_run / "samples" / "euler_maruyama_100_seed1" / "samples.npz")["samples"]
+    x0 = np.load(toy_run / "samples" / "euler_maruyama_100_seed0" / "samples.npz")["samples"]
+    assert x1.shape == x0.shape == (1000, 2) and not np.array_equal(x1, x0)
+
 
 @pytest.mark.slow
 def test_sigkill_and_rerun_gives_the_uninterrupted_params(toy_run, tmp_path):

@@ -34,3 +34,27 @@ def test_evaluation_refuses_nonfinite_samples_with_the_count():
     samples[20, 0] = -np.inf
     with pytest.raises(ValueError, match="3 of 40 samples are not finite"):
         evaluate_points(samples, ref)
+
+
+def test_sampler_config_is_the_runs_own_unless_a_group_is_chosen():
+    from omegaconf import OmegaConf
+
+    from experiments.sample import sampler_config
+
+    run_cfg = OmegaConf.create(
+        {"sampler": {"name": "heun", "steps": 18, "num_samples": 10000, "seed": 0}}
+    )
+    cfg = OmegaConf.create(
+        {"sampler": {"name": "heun", "steps": 18, "num_samples": 1000, "seed": 1}}
+    )
+    got = sampler_config(cfg, run_cfg, ["run_dir=x", "sampler.seed=1"])
+    assert OmegaConf.to_container(got) == {
+        "name": "heun",
+        "steps": 18,
+        "num_samples": 10000,
+        "seed": 1,
+    }
+    assert run_cfg.sampler.seed == 0  # the run's config is not modified
+    assert sampler_config(cfg, run_cfg, ["run_dir=x"]) == run_cfg.sampler
+    pc = OmegaConf.create({"sampler": {"name": "pc", "steps": 50, "num_samples": 1000, "seed": 1}})
+    assert sampler_config(pc, run_cfg, ["sampler=pc", "sampler.seed=1"]) == pc.sampler
