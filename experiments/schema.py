@@ -58,6 +58,7 @@ class MLPConfig:
     embedding: str = "fourier"
     dropout: float = 0.0
     emb_scale: float | None = None  # None: the embedding's default
+    norm: str = "none"  # none | layer
 
 
 @dataclass

@@ -25,9 +25,12 @@ class MLP(nnx.Module):
       emb_dim: size of the noise embedding; ``embedding`` is ``'fourier'`` or ``'positional'``,
         ``emb_scale`` its frequency scale (default: see ``embeddings.make_embedding``).
       dropout: dropout rate in [0, 1) applied after each hidden layer when training.
+      norm: ``'none'`` or ``'layer'``: LayerNorm (Ba et al. 2016) before each hidden
+        layer's activation and before the output layer, which bounds the output for
+        any input, also at noise levels training rarely saw.
 
     Raises:
-      ValueError: for non-positive sizes or a dropout rate outside [0, 1).
+      ValueError: for non-positive sizes, a dropout rate outside [0, 1) or an unknown norm.
     """
 
     def __init__(
@@ -39,6 +42,7 @@ class MLP(nnx.Module):
         embedding: str = "fourier",
         dropout: float = 0.0,
         emb_scale: float | None = None,
+        norm: str = "none",
         *,
         rngs: nnx.Rngs,
     ):
@@ -46,6 +50,8 @@ class MLP(nnx.Module):
             raise ValueError(f"model.width and model.depth must be >= 1; got {width}, {depth}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"model.dropout must be in [0, 1); got {dropout}")
+        if norm not in ("none", "layer"):
+            raise ValueError(f"model.norm must be 'none' or 'layer'; got {norm!r}")
         self.data_shape = tuple(data_shape)
         d = math.prod(self.data_shape)
         self.embed = make_embedding(embedding, emb_dim, emb_scale, rngs=rngs)
@@ -54,13 +60,21 @@ class MLP(nnx.Module):
         self.hidden = nnx.List([nnx.Linear(width, width, rngs=rngs) for _ in range(depth)])
         self.out = nnx.Linear(width, d, kernel_init=nnx.initializers.zeros, rngs=rngs)
         self.dropout = nnx.Dropout(dropout)
+        self.norms = (
+            nnx.List([nnx.LayerNorm(width, rngs=rngs) for _ in range(depth + 1)])
+            if norm == "layer"
+            else None
+        )
 
     def __call__(self, x, c_noise, *, rngs: nnx.Rngs | None = None):
         """``x: [batch, *data_shape]``, ``c_noise: [batch]``; ``rngs`` enables dropout."""
         b = x.shape[0]
         h = self.x_in(jnp.reshape(x, (b, -1))) + self.emb_in(self.embed(c_noise))
-        for layer in self.hidden:
-            h = layer(jax.nn.silu(h))
+        for i, layer in enumerate(self.hidden):
+            h = layer(jax.nn.silu(self._norm(i, h)))
             if rngs is not None:
                 h = self.dropout(h, rngs=rngs, deterministic=False)
-        return jnp.reshape(self.out(jax.nn.silu(h)), x.shape)
+        return jnp.reshape(self.out(jax.nn.silu(self._norm(-1, h))), x.shape)
+
+    def _norm(self, i, h):
+        return h if self.norms is None else self.norms[i](h)

@@ -58,8 +58,31 @@ def test_mlp_shape_zero_init_dropout_grad(data_shape, embedding):
         (dict(dropout=1.0), "model.dropout"),
         (dict(emb_dim=7), "model.emb_dim"),
         (dict(embedding="nope"), "model.embedding"),
+        (dict(norm="batch"), "model.norm"),
     ],
 )
 def test_mlp_invalid_config(kw, field):
     with pytest.raises(ValueError, match=field):
         MLP((2,), **{**dict(width=4, depth=1, emb_dim=4), **kw}, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("norm", ["layer", "none"])
+def test_layer_norm_bounds_the_output_for_any_input(norm):
+    """With norm='layer' the output layer sees silu(LayerNorm(h)), whose norm is at most
+    sqrt(width) (LayerNorm's scale 1 and bias 0 at init), so
+    |F(x)| <= ||W_out||_2 sqrt(width) + |b_out| however large x is; without it the
+    output grows with the input."""
+    width = 32
+    model = MLP((6,), width=width, depth=3, emb_dim=8, norm=norm, rngs=nnx.Rngs(1))
+    rng = np.random.default_rng(0)
+    model.out.kernel[...] = jnp.asarray(rng.normal(size=(width, 6)), jnp.float32)
+    model.out.bias[...] = jnp.asarray(rng.normal(size=6), jnp.float32)
+    bound = np.linalg.norm(np.asarray(model.out.kernel[...]), 2) * np.sqrt(width)
+    bound += np.linalg.norm(np.asarray(model.out.bias[...]))
+    x = jnp.asarray(rng.normal(size=(5, 6)), jnp.float32)
+    c = jnp.linspace(-3.0, 3.0, 5)  # also outside EDM's usual c_noise range
+    norms = [float(jnp.linalg.norm(model(s * x, c), axis=-1).max()) for s in (1.0, 1e3, 1e6)]
+    if norm == "layer":
+        assert max(norms) <= bound * (1 + 1e-5), (norms, bound)
+    else:
+        assert norms[-1] > 100 * bound, (norms, bound)
