@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -99,21 +100,46 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def discard_unused_output_dir(output_dir: Path, top: Path) -> None:
+    """Remove ``output_dir`` if it holds only what Hydra wrote there (``.hydra/``, ``*.log``),
+    then its parents up to and including ``top`` while they are empty: a command that
+    failed on its config leaves no directory behind."""
+    if not output_dir.is_dir():
+        return
+    if any(p.name != ".hydra" and p.suffix != ".log" for p in output_dir.iterdir()):
+        return
+    shutil.rmtree(output_dir)
+    top = top.resolve()
+    parent = output_dir.resolve().parent
+    while (parent == top or top in parent.parents) and parent.is_dir():
+        if any(parent.iterdir()):
+            break
+        parent.rmdir()
+        parent = parent.parent
+
+
 def clean_errors(fn):
     """Turn configuration errors (ValueError, FileNotFoundError) into a one-line message and
-    exit status 2, instead of a traceback. ``SCORELIB_TRACEBACK=1`` re-raises."""
+    exit status 2, instead of a traceback. ``SCORELIB_TRACEBACK=1`` re-raises. The Hydra
+    output directory of the failed command is removed if nothing but Hydra wrote to it
+    (with its empty parents up to ``cfg.run_dir`` for apps that take one)."""
 
+    from hydra.core.hydra_config import HydraConfig
     from hydra.errors import InstantiationException
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(cfg, *args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            return fn(cfg, *args, **kwargs)
         except (ValueError, FileNotFoundError, FloatingPointError, InstantiationException) as e:
             if os.environ.get("SCORELIB_TRACEBACK"):
                 raise
             cause = e.__cause__ if isinstance(e, InstantiationException) and e.__cause__ else e
             print(f"error: {cause}", file=sys.stderr)
+            if HydraConfig.initialized():
+                out = Path(HydraConfig.get().runtime.output_dir)
+                top = Path(cfg.run_dir) if cfg.get("run_dir") else out
+                discard_unused_output_dir(out, top)
             sys.exit(2)
 
     return wrapper

@@ -2,12 +2,36 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 from pathlib import Path
 
 import numpy as np
+
+# Sampler fields that do not change the samples (per-example keys: any batch size).
+_NOT_IN_IDENTITY = ("batch_size",)
+
+
+def samples_dir(out_root: Path, sampler: dict) -> Path:
+    """Where samples drawn with the sampler config ``sampler`` go, never over other samples.
+
+    ``<name>_<steps>_seed<seed>`` unless that directory holds samples of a different
+    sampler config (another ``snr``, ``num_samples``, ...); then the name gets
+    ``_<8 hex digits>``, a hash of the config, so the same command always finds the
+    same directory and a different one never overwrites it.
+    """
+    ident = {k: v for k, v in sampler.items() if k not in _NOT_IN_IDENTITY}
+    base = out_root / f"{sampler['name']}_{sampler['steps']}_seed{sampler['seed']}"
+    meta = base / "samples.json"
+    if not meta.is_file():
+        return base
+    old = json.loads(meta.read_text()).get("sampler", {})
+    if {k: v for k, v in old.items() if k not in _NOT_IN_IDENTITY} == ident:
+        return base
+    digest = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()
+    return base.with_name(f"{base.name}_{digest[:8]}")
 
 
 def save_samples(

@@ -64,13 +64,19 @@ def sampler_config(cfg: DictConfig, run_cfg: DictConfig, overrides: list[str]) -
       overrides: the command-line overrides (``HydraConfig.get().overrides.task``).
 
     Returns:
-      ``cfg.sampler`` when the command line chose a group (``sampler=pc``); otherwise the
-      run's sampler with each ``sampler.<field>=`` of the command line taken from ``cfg``.
+      ``cfg.sampler`` when the command line chose a group (``sampler=pc``), with the
+      run's ``num_samples`` and ``batch_size``, so results stay comparable; otherwise the
+      run's sampler. Either way each ``sampler.<field>=`` of the command line is
+      taken from ``cfg``.
     """
     keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
     if "sampler" in keys:
-        return cfg.sampler
-    out = run_cfg.sampler.copy()
+        out = cfg.sampler.copy()
+        for field in ("num_samples", "batch_size"):
+            if field in run_cfg.sampler:
+                out[field] = run_cfg.sampler[field]
+    else:
+        out = run_cfg.sampler.copy()
     for key in keys:
         if key.startswith("sampler."):
             field = key.removeprefix("sampler.")

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from experiments import build
 from experiments.common import clean_errors, write_run_info
-from experiments.outputs import save_samples
+from experiments.outputs import samples_dir, save_samples
 from experiments.sampling import check_sampler, draw
 from experiments.schema import register_configs
 from scorelib import training
@@ -114,7 +114,7 @@ def sample_and_save(run: Run, params, out_root: Path, *, step: int) -> Path:
         batch_size=sc.batch_size,
         seed=sc.seed,
     )
-    out_dir = out_root / f"{sc.name}_{sc.steps}_seed{sc.seed}"
+    out_dir = samples_dir(out_root, build.to_container(sc))
     meta = {
         "sampler": build.to_container(sc),
         "checkpoint_step": step,

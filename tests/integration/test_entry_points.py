@@ -140,7 +140,19 @@ def test_checkpoint_of_another_model_is_refused_clearly(toy_run, tmp_path):
     ],
 )
 def test_bad_overrides_fail_before_training_with_a_clear_message(overrides, expected, tmp_path):
-    proc = run("train", *overrides, f"hydra.run.dir={tmp_path}", check=False, timeout=300)
+    run_dir = tmp_path / "run"
+    proc = run("train", *overrides, f"hydra.run.dir={run_dir}", check=False, timeout=300)
     assert proc.returncode != 0
     assert expected in proc.stderr, proc.stderr[-2000:]
-    assert not (tmp_path / "checkpoints").exists()
+    assert not (run_dir / "checkpoints").exists()
+    if proc.returncode == 2:  # our config errors (Hydra's own fail before creating it)
+        assert not run_dir.exists(), list(run_dir.rglob("*"))
+
+
+def test_sampling_a_missing_run_fails_clearly_and_leaves_nothing(tmp_path):
+    missing = tmp_path / "no_such_run"
+    for module in ("sample", "evaluate"):
+        proc = run(module, f"run_dir={missing}", check=False, timeout=300)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert "config.yaml" in proc.stderr and "Traceback" not in proc.stderr
+        assert not missing.exists(), list(missing.rglob("*"))

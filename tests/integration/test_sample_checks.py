@@ -56,5 +56,39 @@ def test_sampler_config_is_the_runs_own_unless_a_group_is_chosen():
     }
     assert run_cfg.sampler.seed == 0  # the run's config is not modified
     assert sampler_config(cfg, run_cfg, ["run_dir=x"]) == run_cfg.sampler
-    pc = OmegaConf.create({"sampler": {"name": "pc", "steps": 50, "num_samples": 1000, "seed": 1}})
-    assert sampler_config(pc, run_cfg, ["sampler=pc", "sampler.seed=1"]) == pc.sampler
+    # A chosen group keeps the run's sample count (comparable results) unless overridden.
+    pc = OmegaConf.create({"sampler": {"name": "pc", "steps": 50, "num_samples": 500, "seed": 1}})
+    got = sampler_config(pc, run_cfg, ["sampler=pc", "sampler.seed=1"])
+    assert OmegaConf.to_container(got) == {
+        "name": "pc",
+        "steps": 50,
+        "num_samples": 10000,
+        "seed": 1,
+    }
+    got = sampler_config(pc, run_cfg, ["sampler=pc", "sampler.num_samples=500"])
+    assert got.num_samples == 500
+
+
+def test_samples_dir_never_overwrites_other_samples(tmp_path):
+    import json
+
+    from experiments.outputs import samples_dir
+
+    heun = {
+        "name": "heun",
+        "steps": 18,
+        "seed": 0,
+        "num_samples": 100,
+        "batch_size": 50,
+        "S_churn": 0.0,
+    }
+    first = samples_dir(tmp_path, heun)
+    assert first.name == "heun_18_seed0"
+    first.mkdir()
+    (first / "samples.json").write_text(json.dumps({"sampler": heun}))
+    # the same config (batch size does not change the samples) finds the same directory
+    assert samples_dir(tmp_path, {**heun, "batch_size": 100}) == first
+    other = samples_dir(tmp_path, {**heun, "S_churn": 10.0})
+    assert other.parent == tmp_path and other.name.startswith("heun_18_seed0_") and other != first
+    assert samples_dir(tmp_path, {**heun, "S_churn": 10.0}) == other  # deterministic
+    assert samples_dir(tmp_path, {**heun, "num_samples": 10}) not in (first, other)
