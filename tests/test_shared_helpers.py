@@ -1,0 +1,90 @@
+"""The library's private shared helpers: field checks, atomic writes, static pytrees."""
+
+import dataclasses
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from scorelib import _checks, _io, _pytree
+
+
+@pytest.mark.parametrize(
+    "value, kw, ok",
+    [
+        (1.0, dict(low=0.0, low_open=True), True),
+        (0.0, dict(low=0.0, low_open=True), False),
+        (0.0, dict(low=0.0), True),
+        (math.inf, dict(low=0.0), True),
+        (math.inf, dict(low=0.0, high=math.inf, high_open=True), False),
+        (math.nan, dict(), False),
+        ("1.0", dict(), False),
+        (True, dict(), False),
+        (np.float32(2.0), dict(high=2.0), True),
+        (np.float32(2.0), dict(high=2.0, high_open=True), False),
+        (3, dict(low=0.0), True),
+    ],
+)
+def test_check_real(value, kw, ok):
+    if ok:
+        assert _checks.check_real(value, "f.x", **kw) == float(value)
+    else:
+        with pytest.raises(ValueError, match=r"^f\.x must be a number in .*; got "):
+            _checks.check_real(value, "f.x", **kw)
+
+
+def test_check_int_and_choice():
+    assert _checks.check_int(np.int64(3), "a.n", low=1) == 3
+    for bad in (0, 1.0, True, "2"):
+        with pytest.raises(ValueError, match=r"^a\.n must be an integer >= 1; got "):
+            _checks.check_int(bad, "a.n", low=1)
+    with pytest.raises(ValueError, match=r"in \[1, 3\]"):
+        _checks.check_int(4, "a.n", low=1, high=3)
+    assert _checks.check_choice("x", "a.c", ("x", "y")) == "x"
+    with pytest.raises(ValueError, match=r"^a\.c must be one of \['x', 'y'\]; got 'z'$"):
+        _checks.check_choice("z", "a.c", ("x", "y"))
+
+
+def test_atomic_write_replaces_whole_and_leaves_old_file_on_error(tmp_path):
+    p = tmp_path / "sub" / "f.txt"
+    _io.atomic_write_text(p, "old")
+    assert p.read_text() == "old"
+
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom):
+        with _io.atomic_open(p) as f:
+            f.write("half of the new")
+            raise Boom
+    assert p.read_text() == "old"
+    assert sorted(os.listdir(p.parent)) == ["f.txt"]  # no temporary file left
+
+    _io.atomic_savez(tmp_path / "a.npz", x=np.arange(3))
+    np.testing.assert_array_equal(np.load(tmp_path / "a.npz")["x"], np.arange(3))
+    with pytest.raises(ValueError, match="mode"):
+        with _io.atomic_open(p, "a"):
+            pass
+
+
+def test_static_pytree_is_leafless_and_keys_the_jit_cache():
+    @_pytree.static_pytree
+    @dataclasses.dataclass(frozen=True)
+    class Scale:
+        c: float
+
+    assert jax.tree_util.tree_leaves(Scale(2.0)) == []
+    traces = []
+
+    @jax.jit
+    def f(s, x):
+        traces.append(1)
+        return s.c * x
+
+    assert float(f(Scale(2.0), jnp.float32(3.0))) == 6.0
+    assert float(f(Scale(2.0), jnp.float32(4.0))) == 8.0
+    assert float(f(Scale(5.0), jnp.float32(1.0))) == 5.0
+    assert len(traces) == 2  # equal static values share one compile; a new value retraces
