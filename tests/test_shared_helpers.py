@@ -88,3 +88,20 @@ def test_static_pytree_is_leafless_and_keys_the_jit_cache():
     assert float(f(Scale(2.0), jnp.float32(4.0))) == 8.0
     assert float(f(Scale(5.0), jnp.float32(1.0))) == 5.0
     assert len(traces) == 2  # equal static values share one compile; a new value retraces
+
+
+def test_example_keys_are_fold_in_of_the_global_index():
+    from scorelib.keys import example_keys
+
+    key = jax.random.key(3)
+    keys = example_keys(key, 4, first_index=5)
+    for b in range(4):
+        want = jax.random.key_data(jax.random.fold_in(key, 5 + b))
+        np.testing.assert_array_equal(jax.random.key_data(keys[b]), want)
+    # a batch is a slice of a larger batch: keys depend only on the global index
+    big = example_keys(key, 9)
+    np.testing.assert_array_equal(jax.random.key_data(big[5:]), jax.random.key_data(keys))
+    raw = example_keys(jax.random.PRNGKey(3), 2, jnp.int32(1))
+    np.testing.assert_array_equal(raw[0], jax.random.fold_in(jax.random.PRNGKey(3), 1))
+    with pytest.raises(ValueError, match="batch must be >= 1"):
+        example_keys(key, 0)
