@@ -1,7 +1,9 @@
 """A tiny EDM training run used by the training tests, in-process or as a script.
 
 ``python tests/training/toy_train.py RUN_DIR --num-steps N [...]`` trains (or
-resumes) the run in ``RUN_DIR``; the data are a pure function of the step.
+resumes) the run in ``RUN_DIR``; the data are a pure function of the step. As a script it
+behaves like an entry point: on SIGINT/SIGTERM/SIGUSR1 it prints the interruption's
+message ("saved step N; rerun the same command to resume") and exits with its status.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from scorelib.processes import EDM
 from scorelib.training import (
     EMA,
     Checkpointer,
+    Interrupted,
     init_state,
     make_optimizer,
     make_train_step,
@@ -52,6 +55,7 @@ def parser():
     p.add_argument("--num-steps", type=int, required=True)
     p.add_argument("--save-every", type=int, default=1000)
     p.add_argument("--keep-last", type=int, default=3)
+    p.add_argument("--keep-every", type=int, default=None)
     p.add_argument("--log-every", type=int, default=5)
     p.add_argument("--width", type=int, default=32)
     p.add_argument("--nan-at", type=int, default=None)
@@ -96,6 +100,7 @@ def build(args):
         os.path.join(args.run_dir, "ckpt"),
         save_every=args.save_every,
         keep_last=args.keep_last,
+        keep_every=args.keep_every,
         config={"model": {"kind": "mlp", "width": args.width, "depth": 2}},
     )
     return state, step, ckpt
@@ -120,5 +125,9 @@ def run(argv):
 
 
 if __name__ == "__main__":
-    run(sys.argv[1:])
+    try:
+        run(sys.argv[1:])
+    except Interrupted as e:
+        print(e.message, flush=True)
+        raise
     print("done", flush=True)
