@@ -26,8 +26,8 @@ To start a new run from another run's weights (fine-tuning), replace the fresh s
 """
 
 from scorelib.training.checkpoint import (
-    CheckpointError,
     Checkpointer,
+    CheckpointError,
     IncompatibleCheckpoint,
     RestoredParams,
     restore_params,

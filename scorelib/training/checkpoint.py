@@ -464,7 +464,10 @@ class Checkpointer:
                 args = ocp.args.PyTreeRestore(
                     item=target, restore_args=restore_args, partial_restore=True
                 )
-                out = self._mngr.restore(s, args=ocp.args.Composite(state=args))["state"]
+                # a checkpointer of its own: the manager's handler for 'state' is the
+                # standard (whole-tree) one
+                with ocp.PyTreeCheckpointer() as reader:
+                    out = reader.restore(_LiteralDirPath(self.step_dir(s)) / "state", args=args)
                 return RestoredParams(out["params"], out["ema_params"], s)
 
             return self._guarded(s, go)

@@ -26,6 +26,8 @@ from scorelib.training import (  # noqa: E402
     CheckpointError,
     IncompatibleCheckpoint,
     abstract_state,
+    create_state,
+    make_optimizer,
     restore_params,
     train,
 )
@@ -357,3 +359,16 @@ def test_restore_params_checks_the_model_config(tmp_path):
     shapes = "checkpoint shape (32, 32) float32, current shape (16, 16) float32"
     assert f"state leaf {leaf}: {shapes}" in str(e.value)
     assert ".ema_params['hidden'][0]['kernel'].value" in str(e.value)
+
+
+def test_restore_params_from_the_checkpointer_that_saved(tmp_path):
+    opt = make_optimizer(1e-3)
+    st = create_state({"w": jnp.arange(3.0)}, opt, seed=0)
+    c = Checkpointer(tmp_path / "run[1]", save_every=1)
+    c.save(1, st)
+    got = c.restore_params(st.params)
+    assert got.step == 1 and _equal(got.params, st.params) and _equal(got.ema_params, st.params)
+    assert _equal(c.restore_latest(abstract_state(st)), st)
+    c.save(2, st)  # nothing was taken for unreadable
+    c.close()
+    assert sorted(os.listdir(tmp_path / "run[1]")) == ["1", "2"]
