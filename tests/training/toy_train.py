@@ -55,7 +55,6 @@ def parser():
     p.add_argument("--num-steps", type=int, required=True)
     p.add_argument("--save-every", type=int, default=1000)
     p.add_argument("--keep-last", type=int, default=3)
-    p.add_argument("--keep-every", type=int, default=None)
     p.add_argument("--log-every", type=int, default=5)
     p.add_argument("--width", type=int, default=32)
     p.add_argument("--nan-at", type=int, default=None)
@@ -100,7 +99,6 @@ def build(args):
         os.path.join(args.run_dir, "ckpt"),
         save_every=args.save_every,
         keep_last=args.keep_last,
-        keep_every=args.keep_every,
         config={"model": {"kind": "mlp", "width": args.width, "depth": 2}},
     )
     return state, step, ckpt
