@@ -10,29 +10,47 @@ Wiring (see ``tests/training`` for a runnable example)::
         EMA(batch_size=256, halflife_nimg=50_000, rampup_ratio=0.05),
         batch_fn,                                  # step index -> x0, traceable
     )
-    ckpt = Checkpointer(run_dir / "ckpt", save_every=1000, keep_last=3,
+    ckpt = Checkpointer(run_dir / "ckpt", save_every=1000, keep_last=3, keep_every=10_000,
                         config={"model": model_cfg})
-    state = train(state, step, num_steps=20_000, ckpt=ckpt, log_dir=run_dir)
-    ckpt.close()
+    try:
+        state = train(state, step, num_steps=20_000, ckpt=ckpt, log_dir=run_dir)
+    except Interrupted as e:       # SIGINT / SIGTERM / SIGUSR1: the step is saved
+        print(e.message)           # "saved step N; rerun the same command to resume"
+        raise                      # exits with e.code (130 / 143 / 138)
+    finally:
+        ckpt.close()
 
-Running the same code again resumes from the latest checkpoint in ``run_dir``.
+Running the same code again resumes from the newest readable checkpoint in ``run_dir``.
+To start a new run from another run's weights (fine-tuning), replace the fresh state's
+``params`` and ``ema_params`` with :func:`restore_params` of that run's checkpoints.
 """
 
-from scorelib.training.checkpoint import Checkpointer
+from scorelib.training.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    IncompatibleCheckpoint,
+    RestoredParams,
+    restore_params,
+)
 from scorelib.training.ema import EMA, ema_decay, ema_update
-from scorelib.training.loop import PREEMPTED_EXIT_CODE, Preempted, train
+from scorelib.training.loop import STOP_SIGNALS, Interrupted, exit_status, train
 from scorelib.training.metrics_log import MetricsWriter
 from scorelib.training.optim import make_optimizer, warmup_schedule
 from scorelib.training.state import TrainState, abstract_state, create_state, init_state
 from scorelib.training.step import make_train_step, network_source
 
 __all__ = [
+    "CheckpointError",
     "Checkpointer",
+    "IncompatibleCheckpoint",
+    "RestoredParams",
+    "restore_params",
     "EMA",
     "ema_decay",
     "ema_update",
-    "PREEMPTED_EXIT_CODE",
-    "Preempted",
+    "STOP_SIGNALS",
+    "Interrupted",
+    "exit_status",
     "train",
     "MetricsWriter",
     "make_optimizer",

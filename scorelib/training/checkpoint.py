@@ -1,31 +1,84 @@
-"""Checkpoints with orbax's ``CheckpointManager``.
+"""Checkpoints with orbax's ``CheckpointManager``: save, verify, keep, restore, fall back.
 
-A checkpoint at step ``n`` (the number of completed train steps) holds two items:
+A checkpoint at step ``n`` (the number of completed train steps) is the directory
+``<directory>/<n>`` holding two items:
 
-* ``state``: the whole :class:`TrainState` (params, EMA, optimizer state, step,
-  key, counters) via ``ocp.args.StandardSave``;
-* ``meta``: JSON with a fingerprint (the caller's model/config dict and the
-  path, shape and dtype of every state leaf), checked before a restore so that
-  restoring into a different architecture raises a ``ValueError`` naming the
-  mismatch instead of a shape traceback.
+* ``state``: the whole :class:`TrainState` (params, EMA, optimizer state, step, key,
+  counters) via ``ocp.args.StandardSave``;
+* ``meta``: JSON with a fingerprint (the caller's model/config dict and the path, shape
+  and dtype of every state leaf), checked before a restore so that restoring into a
+  different architecture raises :class:`IncompatibleCheckpoint` naming the difference
+  instead of a shape traceback.
 
-Orbax writes each step to a temporary directory and renames it when complete,
-so an interrupted save leaves no half-written checkpoint behind; this module
-never writes inside a step directory itself. Saves are asynchronous: call
-:meth:`Checkpointer.wait` (done by :meth:`close`) before the process exits;
-it re-raises errors from the background save.
+Guarantees:
+
+* **Atomic.** Orbax writes each step into ``<n>.orbax-checkpoint-tmp`` and renames it
+  when complete, so a process killed mid-save (even by SIGKILL) leaves the previous
+  checkpoints as they were; a leftover temporary directory is never listed as a step.
+* **Verified.** Saves are asynchronous; when one completes (at the next :meth:`save`,
+  :meth:`wait`, :meth:`close` or restore) its metadata and the metadata of every array
+  are read back, and a checkpoint that cannot be read back raises
+  :class:`CheckpointError` naming its path. Errors of the background write are raised
+  the same way, never only logged.
+* **Fallback.** :meth:`Checkpointer.restore_latest` tries the newest checkpoint first; a
+  corrupt or partial one (an item removed, array files truncated, metadata emptied) is
+  skipped with a warning on the ``scorelib.training`` logger naming it and the reason,
+  the previous one is used, and the skipped one is moved to ``<directory>/unreadable/``
+  before this run saves again. Without any readable checkpoint the error lists what was
+  tried.
+* **Any directory name.** Names with ``[``, ``]``, ``*``, ``?``, ``=``, ``,``, spaces,
+  ``+`` or quotes work. Orbax finds the per-process OCDBT files of a save with
+  ``epath.Path.glob`` (``orbax/checkpoint/_src/serialization/ocdbt_utils.py``,
+  ``merge_ocdbt_per_process_files``), and etils' ``glob`` (``etils/epath/gpath.py``)
+  joins the directory into the pattern before calling ``glob.glob``, so a directory
+  named ``run[1]`` is read as the character class ``run1``: nothing matches, the merge
+  is skipped with only a warning, and the saved arrays can never be read back. The
+  manager here gets a path whose ``glob`` matches below the directory taken literally.
+  A backslash cannot be supported (TensorStore's file driver reads it as ``/`` and
+  writes elsewhere) and is refused.
 """
 
 from __future__ import annotations
 
+import glob
 import json
+import logging
 import os
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import jax
 import orbax.checkpoint as ocp
+from etils.epath import gpath
+from orbax.checkpoint import checkpoint_managers as ocp_managers
+
+from scorelib._checks import check_int, require
 
 FORMAT_VERSION = 1
+UNREADABLE_DIR = "unreadable"
+
+log = logging.getLogger("scorelib.training")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or read back, or none in a directory is readable."""
+
+
+class IncompatibleCheckpoint(ValueError):
+    """A checkpoint's model config or state layout differs from the current one."""
+
+
+class _LiteralDirPath(gpath.PosixGPath):
+    """A local ``epath`` path whose :meth:`glob` takes the path itself literally.
+
+    ``etils``' ``glob`` passes ``join(path, pattern)`` to ``glob.glob``, so glob
+    characters in the directory (``[1]``) act as patterns. Here only ``pattern`` is a
+    pattern (``glob.glob(pattern, root_dir=path)``). Paths derived with ``/`` keep the class.
+    """
+
+    def glob(self, pattern: str) -> Iterator[_LiteralDirPath]:
+        for name in sorted(glob.glob(pattern, root_dir=os.fspath(self))):
+            yield self / name
 
 
 def _tree_signature(tree: Any) -> dict[str, list]:
@@ -43,20 +96,54 @@ def _flatten_config(cfg: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: cfg}
 
 
+def _differences(saved: dict, current: dict, label: str, fmt=repr) -> list[str]:
+    out = []
+    for k in sorted(set(saved) | set(current)):
+        a, b = saved.get(k), current.get(k)
+        if a != b:
+            sa = "<absent>" if k not in saved else fmt(a)
+            sb = "<absent>" if k not in current else fmt(b)
+            out.append(f"{label} {k}: checkpoint {sa}, current {sb}")
+    return out
+
+
+def _reason(e: BaseException) -> str:
+    """``Type: first line of the message`` (TensorStore messages carry a long JSON spec)."""
+    first = (str(e).strip().splitlines() or [""])[0]
+    if len(first) > 300:
+        first = first[:300] + "..."
+    return f"{type(e).__name__}: {first}"
+
+
+class RestoredParams(NamedTuple):
+    """The parameters of another run's checkpoint (see :func:`restore_params`)."""
+
+    params: Any
+    ema_params: Any
+    step: int
+
+
 class Checkpointer:
-    """Save every ``save_every`` steps (and when forced), keep the last ``keep_last``.
+    """Save every ``save_every`` steps (or when forced); keep the last ``keep_last`` and milestones.
+
+    Constructing one writes nothing: the directory is created by the first save.
 
     Args:
-      directory: the checkpoint directory (created if missing); use one per run.
-      save_every: save interval in steps (>= 1).
-      keep_last: number of checkpoints kept (>= 1); older ones are deleted by orbax.
+      directory: the checkpoint directory; use one per run. Any name works except one
+        containing a backslash.
+      save_every: save interval in steps (>= 1); :meth:`should_save` uses it.
+      keep_last: number of newest checkpoints kept (>= 1); older ones are deleted by
+        orbax when a save completes, except milestones.
+      keep_every: if given (>= 1), also keep every checkpoint whose step is a multiple
+        of it (orbax's ``EveryNSteps`` preservation policy beside ``LatestN``).
       config: a JSON-serialisable dict describing the model (and anything else that
         must match on restore), e.g. ``{"model": {"width": 512, "depth": 4}}``.
-      async_save: write in a background thread (default) or block.
+      async_save: write in a background thread (default) or block in :meth:`save`.
 
     Raises:
-      ValueError: ``checkpoint.save_every`` or ``checkpoint.keep_last`` < 1, or a
-        ``config`` that is not JSON-serialisable.
+      ValueError: ``checkpoint.save_every``, ``checkpoint.keep_last`` or
+        ``checkpoint.keep_every`` out of range, a ``config`` that is not
+        JSON-serialisable, or a directory name with a backslash.
     """
 
     def __init__(
@@ -65,120 +152,338 @@ class Checkpointer:
         *,
         save_every: int,
         keep_last: int = 3,
+        keep_every: int | None = None,
         config: dict | None = None,
         async_save: bool = True,
     ):
-        if not (isinstance(save_every, int) and save_every >= 1):
-            raise ValueError(f"checkpoint.save_every must be an integer >= 1; got {save_every!r}")
-        if not (isinstance(keep_last, int) and keep_last >= 1):
-            raise ValueError(f"checkpoint.keep_last must be an integer >= 1; got {keep_last!r}")
+        self.save_every = check_int(save_every, "checkpoint.save_every", low=1)
+        self.keep_last = check_int(keep_last, "checkpoint.keep_last", low=1)
+        self.keep_every = (
+            None if keep_every is None else check_int(keep_every, "checkpoint.keep_every", low=1)
+        )
         try:
             self.config = json.loads(json.dumps(config or {}))
         except TypeError as e:
             raise ValueError(f"checkpoint.config must be JSON-serialisable: {e}") from e
         self.directory = os.path.abspath(os.fspath(directory))
-        self.save_every = save_every
+        require(
+            "\\" not in self.directory,
+            "checkpoint directory",
+            "a path without a backslash (TensorStore's file driver reads it as '/')",
+            self.directory,
+        )
+        policies = [ocp_managers.LatestN(n=self.keep_last)]
+        if self.keep_every is not None:
+            policies.append(ocp_managers.EveryNSteps(self.keep_every))
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep_last,
-            save_interval_steps=save_every,
-            create=True,
+            save_interval_steps=self.save_every,
+            preservation_policy=ocp_managers.AnyPreservationPolicy(policies),
+            create=False,
             enable_async_checkpointing=async_save,
         )
-        self._mngr = ocp.CheckpointManager(self.directory, options=options)
+        self._mngr = ocp.CheckpointManager(_LiteralDirPath(self.directory), options=options)
+        self._async = bool(async_save)
+        self._pending: int | None = None  # step of a save not yet verified
+        self._unreadable: set[int] = set()  # steps a restore found unreadable
 
     # --- queries ---------------------------------------------------------------
     def latest_step(self) -> int | None:
-        """The newest complete checkpoint's step, or ``None``."""
+        """The newest complete checkpoint's step (readable or not), or ``None``."""
         return self._mngr.latest_step()
 
     def all_steps(self) -> list[int]:
         """Steps of the complete checkpoints on disk, ascending."""
         return sorted(self._mngr.all_steps())
 
-    def should_save(self, step: int) -> bool:
-        """True when ``step`` is a multiple of ``save_every`` and not saved yet."""
-        return step % self.save_every == 0 and step not in self._mngr.all_steps()
+    def _saved(self, step: int) -> bool:
+        return step in self._mngr.all_steps() and step not in self._unreadable
 
-    # --- save / restore --------------------------------------------------------
+    def should_save(self, step: int) -> bool:
+        """True when ``step`` is a multiple of ``save_every`` and not saved (readably) yet."""
+        return step % self.save_every == 0 and not self._saved(step)
+
+    def step_dir(self, step: int) -> str:
+        """The directory of checkpoint ``step``."""
+        return os.path.join(self.directory, str(step))
+
+    # --- save ------------------------------------------------------------------
     def save(self, step: int, state: Any, *, force: bool = False) -> bool:
         """Start saving ``state`` as step ``step``; returns whether a save was started.
 
-        Without ``force`` only steps that are multiples of ``save_every`` are saved.
-        A step already on disk is never overwritten. The arrays are copied first, so
-        the caller may donate ``state`` to the next train step right away.
+        Without ``force`` only steps that are multiples of ``save_every`` are saved. A
+        readable step already on disk is never overwritten; one that a restore found
+        unreadable is moved to ``<directory>/unreadable/`` first. The arrays are copied
+        first, so the caller may donate ``state`` to the next train step right away.
+
+        Raises:
+          CheckpointError: the previous save failed or cannot be read back (see
+            :meth:`wait`), or this one could not be started.
         """
-        if step in self._mngr.all_steps() or not (force or step % self.save_every == 0):
+        self.wait()
+        if self._saved(step) or not (force or step % self.save_every == 0):
             return False
+        self._move_unreadable_aside()
+        os.makedirs(self.directory, exist_ok=True)
         state = jax.tree.map(lambda x: x.copy(), state)
-        meta = {
-            "format": FORMAT_VERSION,
-            "config": self.config,
-            "tree": _tree_signature(state),
-        }
-        return self._mngr.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
-            ),
-            force=True,
-        )
+        meta = {"format": FORMAT_VERSION, "config": self.config, "tree": _tree_signature(state)}
+        try:
+            started = self._mngr.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
+                ),
+                force=True,
+            )
+        except Exception as e:
+            raise CheckpointError(
+                f"checkpoint {self.step_dir(step)}: the save failed ({_reason(e)})"
+            ) from e
+        if started:
+            self._pending = step
+            if not self._async:
+                self.wait()
+        return started
 
-    def check_compatible(self, step: int, abstract_state: Any) -> None:
-        """Raise ``ValueError`` naming every config key or state leaf that differs.
+    def wait(self) -> None:
+        """Block until a pending save is on disk, then check that it can be read back.
 
-        Args:
-          step: a checkpoint step on disk.
-          abstract_state: the pytree to restore into (arrays or ``ShapeDtypeStruct``).
+        Raises:
+          CheckpointError: the background write failed (orbax's error chained), or the
+            written checkpoint's metadata or array metadata cannot be read; the message
+            names the checkpoint directory.
         """
-        meta = self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))[
-            "meta"
-        ]
+        step, self._pending = self._pending, None
+        try:
+            self._mngr.wait_until_finished()
+        except Exception as e:
+            where = self.directory if step is None else self.step_dir(step)
+            raise CheckpointError(f"checkpoint {where}: the save failed ({_reason(e)})") from e
+        if step is None:
+            return
+        try:
+            self._read_meta(step)
+            if self._mngr.item_metadata(step)["state"] is None:
+                raise KeyError("no metadata for item 'state'")
+        except Exception as e:
+            raise CheckpointError(
+                f"checkpoint {self.step_dir(step)} was written but cannot be read back "
+                f"({_reason(e)})"
+            ) from e
+
+    def _move_unreadable_aside(self) -> None:
+        on_disk = self._unreadable & set(self._mngr.all_steps())
+        for step in sorted(on_disk):
+            dest = os.path.join(self.directory, UNREADABLE_DIR, str(step))
+            n = 1
+            while os.path.exists(dest):
+                dest = os.path.join(self.directory, UNREADABLE_DIR, f"{step}.{n}")
+                n += 1
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            os.replace(self.step_dir(step), dest)
+            log.warning("moved the unreadable checkpoint %s to %s", self.step_dir(step), dest)
+        if on_disk:
+            self._mngr.reload()
+        self._unreadable.clear()
+
+    # --- restore ---------------------------------------------------------------
+    def _read_meta(self, step: int) -> dict:
+        out = self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        meta = out["meta"]
+        if not isinstance(meta, dict):
+            raise ValueError(f"meta is {type(meta).__name__}, not a JSON object")
+        return meta
+
+    def _check_meta(
+        self, step: int, meta: dict, signature: dict, prefixes=None, check_config=True
+    ) -> None:
         problems = []
-        saved_cfg = _flatten_config(meta.get("config", {}))
-        cur_cfg = _flatten_config(self.config)
-        for k in sorted(set(saved_cfg) | set(cur_cfg)):
-            a, b = saved_cfg.get(k, "<absent>"), cur_cfg.get(k, "<absent>")
-            if a != b:
-                problems.append(f"config {k}: checkpoint {a!r}, current {b!r}")
+        if check_config:
+            saved_cfg = _flatten_config(meta.get("config", {}))
+            problems += _differences(saved_cfg, _flatten_config(self.config), "config")
         saved_tree = meta.get("tree", {})
-        cur_tree = _tree_signature(abstract_state)
-        for k in sorted(set(saved_tree) | set(cur_tree)):
-            a, b = saved_tree.get(k), cur_tree.get(k)
-            if a != b:
-                fmt = lambda v: "<absent>" if v is None else f"shape {tuple(v[0])} {v[1]}"
-                problems.append(f"state leaf {k}: checkpoint {fmt(a)}, current {fmt(b)}")
+        if prefixes is not None:
+            saved_tree = {k: v for k, v in saved_tree.items() if k.startswith(prefixes)}
+
+        def fmt(v):
+            return f"shape {tuple(v[0])} {v[1]}"
+
+        problems += _differences(saved_tree, signature, "state leaf", fmt)
         if problems:
             shown = "\n  ".join(problems[:20])
             more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
-            raise ValueError(
+            raise IncompatibleCheckpoint(
                 f"checkpoint {self.directory} step {step} does not match the current "
                 f"model/config ({len(problems)} differences):\n  {shown}{more}"
             )
 
+    def check_compatible(self, step: int, abstract_state: Any) -> None:
+        """Raise :class:`IncompatibleCheckpoint` naming every config key or state leaf that differs.
+
+        Args:
+          step: a checkpoint step on disk.
+          abstract_state: the pytree to restore into (arrays or ``ShapeDtypeStruct``).
+
+        Raises:
+          IncompatibleCheckpoint (a ``ValueError``): one line per difference, e.g.
+            ``config model.width: checkpoint 32, current 16``.
+          CheckpointError: the checkpoint's metadata cannot be read.
+        """
+        meta = self._guarded(step, lambda: self._read_meta(step))
+        self._check_meta(step, meta, _tree_signature(abstract_state))
+
+    def _require_step(self, step: int) -> None:
+        steps = self.all_steps()
+        if step not in steps:
+            raise FileNotFoundError(f"step={step}: no checkpoint in {self.directory}; have {steps}")
+
+    def _guarded(self, step: int, fn: Callable[[], Any]) -> Any:
+        """``fn()``, with any error but a mismatch raised as :class:`CheckpointError`."""
+        try:
+            return fn()
+        except IncompatibleCheckpoint:
+            raise
+        except Exception as e:
+            raise CheckpointError(
+                f"checkpoint {self.step_dir(step)} cannot be read ({_reason(e)})"
+            ) from e
+
     def restore(self, step: int, abstract_state: Any) -> Any:
         """Restore step ``step`` into the structure, dtypes and shardings of ``abstract_state``.
 
+        Args:
+          step: a step of :meth:`all_steps`.
+          abstract_state: a pytree of arrays or ``jax.ShapeDtypeStruct`` (e.g.
+            :func:`scorelib.training.abstract_state` of a fresh state).
+
         Raises:
-          ValueError: the checkpoint's fingerprint differs (see :meth:`check_compatible`).
+          FileNotFoundError: no checkpoint at ``step``.
+          IncompatibleCheckpoint: the checkpoint's fingerprint differs (see
+            :meth:`check_compatible`).
+          CheckpointError: the checkpoint is corrupt or partial (the message names its
+            directory and the underlying error).
         """
-        self._mngr.wait_until_finished()
-        self.check_compatible(step, abstract_state)
-        out = self._mngr.restore(
-            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state))
-        )
-        return out["state"]
+        self.wait()
+        self._require_step(step)
+
+        def load():
+            self._check_meta(step, self._read_meta(step), _tree_signature(abstract_state))
+            args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state))
+            return self._mngr.restore(step, args=args)["state"]
+
+        return self._guarded(step, load)
+
+    def _restore_newest(self, load: Callable[[int], Any]) -> tuple[Any, int] | None:
+        """``(load(step), step)`` for the newest step that loads, skipping unreadable ones."""
+        self.wait()
+        steps = self.all_steps()
+        tried = []
+        for step in reversed(steps):
+            try:
+                out = load(step)
+            except CheckpointError as e:
+                tried.append(str(e))
+                self._unreadable.add(step)
+                older = [s for s in steps if s < step]
+                log.warning(
+                    "%s; skipping it, %s",
+                    e,
+                    f"trying step {older[-1]}" if older else "no older checkpoint",
+                )
+                continue
+            return out, step
+        if tried:
+            listing = "\n  ".join(tried)
+            raise CheckpointError(
+                f"no readable checkpoint in {self.directory}; tried:\n  {listing}"
+            )
+        return None
 
     def restore_latest(self, abstract_state: Any) -> Any | None:
-        """Restore the newest checkpoint (see :meth:`restore`), or ``None`` if there is none."""
-        step = self.latest_step()
-        return None if step is None else self.restore(step, abstract_state)
+        """Restore the newest readable checkpoint (see :meth:`restore`); ``None`` if there is none.
 
-    def wait(self) -> None:
-        """Block until pending saves are on disk; re-raises a background save's error."""
-        self._mngr.wait_until_finished()
+        A corrupt or partial checkpoint is skipped with a warning naming it and the
+        reason, and the previous one is tried; the skipped ones are moved to
+        ``<directory>/unreadable/`` when this checkpointer next saves.
 
+        Raises:
+          IncompatibleCheckpoint: the newest readable checkpoint does not match (an older
+            one is not tried: it would silently train another model).
+          CheckpointError: checkpoints exist but none is readable; lists each with its error.
+        """
+        found = self._restore_newest(lambda step: self.restore(step, abstract_state))
+        return None if found is None else found[0]
+
+    def restore_params(
+        self, abstract_params: Any, *, step: int | None = None, check_config: bool = True
+    ) -> RestoredParams:
+        """Restore only ``params`` and ``ema_params`` of step ``step`` (default: newest readable).
+
+        The optimizer state, step and key of the checkpoint are not read, so the current
+        optimizer may differ. The config fingerprint and the params' leaf shapes are
+        checked as in :meth:`restore`.
+
+        Args:
+          abstract_params: the parameter pytree (arrays or ``ShapeDtypeStruct``) to restore
+            into, or a whole ``TrainState`` (its ``.params`` is used).
+          step: a checkpoint step, or ``None`` for the newest readable one.
+          check_config: compare this checkpointer's ``config`` with the checkpoint's
+            (the parameter shapes are always compared).
+
+        Returns:
+          :class:`RestoredParams` ``(params, ema_params, step)``.
+
+        Raises:
+          FileNotFoundError: no checkpoint at ``step``, or none at all.
+          IncompatibleCheckpoint: the config or a parameter's shape differs.
+          CheckpointError: the checkpoint (every checkpoint when ``step`` is ``None``) is
+            unreadable.
+        """
+        from scorelib.training.state import TrainState
+
+        if isinstance(abstract_params, TrainState):
+            abstract_params = abstract_params.params
+        abstract_params = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+            abstract_params,
+        )
+        target = {"params": abstract_params, "ema_params": abstract_params}
+        signature = {
+            f".{name}{k}": v for name in target for k, v in _tree_signature(abstract_params).items()
+        }
+        restore_args = jax.tree.map(
+            lambda x: ocp.ArrayRestoreArgs(
+                sharding=x.sharding, global_shape=x.shape, dtype=x.dtype
+            ),
+            target,
+        )
+
+        def load(s):
+            def go():
+                prefixes = (".params", ".ema_params")
+                self._check_meta(s, self._read_meta(s), signature, prefixes, check_config)
+                args = ocp.args.PyTreeRestore(
+                    item=target, restore_args=restore_args, partial_restore=True
+                )
+                # a checkpointer of its own: the manager's handler for 'state' is the
+                # standard (whole-tree) one
+                with ocp.PyTreeCheckpointer() as reader:
+                    out = reader.restore(_LiteralDirPath(self.step_dir(s)) / "state", args=args)
+                return RestoredParams(out["params"], out["ema_params"], s)
+
+            return self._guarded(s, go)
+
+        if step is not None:
+            self.wait()
+            self._require_step(step)
+            return load(step)
+        found = self._restore_newest(load)
+        if found is None:
+            raise FileNotFoundError(f"{self.directory}: no checkpoint to restore parameters from")
+        return found[0]
+
+    # --- lifetime --------------------------------------------------------------
     def close(self) -> None:
-        """:meth:`wait`, then release orbax's resources."""
+        """:meth:`wait`, then release orbax's resources (also when ``wait`` raises)."""
         try:
             self.wait()
         finally:
@@ -189,3 +494,43 @@ class Checkpointer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def restore_params(
+    checkpoint_dir: str | os.PathLike,
+    abstract_params: Any,
+    *,
+    step: int | None = None,
+    expected_fingerprint: dict | None = None,
+) -> RestoredParams:
+    """The parameters and EMA parameters of another run's checkpoint, to initialise a new run.
+
+    For fine-tuning or warm starts (``init_from=<run_dir>[@step]``): build the new run's
+    fresh state, then replace its ``params`` and ``ema_params`` with these; its
+    optimizer state and step stay new. Nothing is written.
+
+    Args:
+      checkpoint_dir: the other run's checkpoint directory (``<run_dir>/checkpoints``).
+      abstract_params: the new run's parameter pytree, or its whole ``TrainState``.
+      step: the checkpoint step; ``None`` for the newest readable one.
+      expected_fingerprint: the new run's model fingerprint (the ``config`` it passes to
+        :class:`Checkpointer`); every key must equal the checkpoint's. ``None``: only
+        the parameter shapes and dtypes are compared.
+
+    Returns:
+      :class:`RestoredParams` ``(params, ema_params, step)`` with the structure, dtypes
+      and shardings of ``abstract_params``.
+
+    Raises:
+      FileNotFoundError: no checkpoint (at ``step``) in ``checkpoint_dir``.
+      IncompatibleCheckpoint: a difference, one line each, e.g.
+        ``config model.width: checkpoint 32, current 16``.
+      CheckpointError: the checkpoint cannot be read.
+    """
+    ckpt = Checkpointer(checkpoint_dir, save_every=1, config=expected_fingerprint)
+    try:
+        return ckpt.restore_params(
+            abstract_params, step=step, check_config=expected_fingerprint is not None
+        )
+    finally:
+        ckpt.close()

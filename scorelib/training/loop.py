@@ -1,14 +1,27 @@
-"""The training loop: resume, step, log, checkpoint, handle preemption.
+"""The training loop: resume, step, log, checkpoint, stop cleanly on a signal.
 
-``train`` calls a jitted step from Python (on XLA:CPU a loop inside ``lax.scan``
-was 11-14x slower, see ``shared/notes/infrastructure.md``) and syncs with the
-host only every ``log_every`` steps, before a checkpoint, and on preemption.
-With several devices in one process keep ``log_every`` small (about 10): many
-unsynced collective steps can deadlock XLA:CPU's all-reduce.
+``train`` calls a jitted step from Python (on XLA:CPU a loop inside ``lax.scan`` was
+11-14x slower in our measurements) and syncs with the host only every ``log_every``
+steps, before a checkpoint, and on a signal. With several devices in one process keep
+``log_every`` small (about 10): many unsynced collective steps can deadlock XLA:CPU's
+all-reduce.
+
+Signals. While :func:`train` runs (and only then: the previous handlers are put back
+when it returns or raises) SIGINT (Ctrl-C), SIGTERM and SIGUSR1 make the loop finish
+the current step, save a checkpoint of it, wait until the checkpoint is on disk and
+raise :class:`Interrupted`, a ``SystemExit`` whose status is ``128 + signal number``:
+130 for SIGINT, 143 for SIGTERM, 138 for SIGUSR1 (on Linux), the statuses a shell
+reports for a process killed by that signal, so a scheduler never takes the run for a
+finished one. Running the same command again resumes from the saved step, bit for bit.
+A second Ctrl-C *before* the step ends raises ``KeyboardInterrupt`` at once (nothing new
+is saved; the checkpoints already on disk are untouched); Ctrl-C *during* the save is
+ignored, so the save completes. Orbax writes every checkpoint into a temporary directory
+renamed when complete, so even SIGKILL mid-save leaves the previous checkpoint readable.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import signal
 import threading
@@ -19,49 +32,78 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
+from scorelib._checks import check_choice, check_int
 from scorelib.training.checkpoint import Checkpointer
 from scorelib.training.metrics_log import MetricsWriter
 from scorelib.training.state import TrainState, abstract_state
 
 NONFINITE_MODES = ("stop", "skip")
 
-#: Exit status of a run stopped by SIGTERM after saving its checkpoint: 128 + SIGTERM,
-#: the conventional "terminated by signal 15", so a scheduler does not mistake the run
-#: for a finished one. Running the same command again resumes it.
-PREEMPTED_EXIT_CODE = 143
+#: The signals that stop :func:`train` at a step boundary with a checkpoint.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+log = logging.getLogger("scorelib.training")
 
 
-class Preempted(SystemExit):
-    """Raised by :func:`train` after a SIGTERM once the checkpoint is saved.
+def exit_status(signum: int) -> int:
+    """``128 + signum``: the exit status of a run stopped by signal ``signum`` (SIGINT: 130)."""
+    return 128 + int(signum)
 
-    A ``SystemExit`` (code :data:`PREEMPTED_EXIT_CODE`): uncaught, the process exits
-    cleanly with that status and no traceback. ``.step`` is the saved step.
+
+class Interrupted(SystemExit):
+    """Raised by :func:`train` after SIGINT, SIGTERM or SIGUSR1, once the checkpoint is saved.
+
+    A ``SystemExit``: uncaught, the process exits with status ``code`` and no traceback.
+
+    Attributes:
+      signum: the signal received (``signal.Signals``).
+      step: the step saved to the checkpointer (the number of completed steps), or
+        ``None`` when :func:`train` had no checkpointer.
+      code: the exit status, :func:`exit_status` of ``signum`` (130, 143, 138).
+      message: the line to show the user, ``"saved step N; rerun the same command to
+        resume"`` (or, without a checkpointer, ``"stopped by SIGINT at step N; nothing
+        saved"``). :func:`train` logs that a signal arrived but does not print this line:
+        the entry point does.
     """
 
-    def __init__(self, step: int):
-        super().__init__(PREEMPTED_EXIT_CODE)
+    def __init__(self, signum: int, step: int | None, *, at_step: int | None = None):
+        self.signum = signal.Signals(signum)
         self.step = step
+        super().__init__(exit_status(signum))
+        if step is not None:
+            self.message = f"saved step {step}; rerun the same command to resume"
+        else:
+            self.message = f"stopped by {self.signum.name} at step {at_step}; nothing saved"
+
+    def __str__(self) -> str:
+        return self.message
 
 
-class _SigtermFlag:
-    """Sets a flag on SIGTERM while active (main thread only; elsewhere a no-op)."""
+class _StopSignals:
+    """While active (main thread only), record SIGINT/SIGTERM/SIGUSR1 instead of dying."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled and threading.current_thread() is threading.main_thread()
-        self.flag = False
-        self._old = None
+        self.signum: int | None = None
+        self.saving = False
+        self._old: dict[int, object] = {}
 
     def __enter__(self):
         if self.enabled:
-            self._old = signal.signal(signal.SIGTERM, self._handle)
+            for s in STOP_SIGNALS:
+                self._old[s] = signal.signal(s, self._handle)
         return self
 
     def _handle(self, signum, frame):
-        self.flag = True
+        if self.signum is None:
+            self.signum = signum
+        elif signum == signal.SIGINT and not self.saving:
+            raise KeyboardInterrupt  # second Ctrl-C before the step boundary: stop at once
 
     def __exit__(self, *exc):
-        if self.enabled:
-            signal.signal(signal.SIGTERM, self._old)
+        for s, old in self._old.items():
+            signal.signal(s, old)
+        self._old = {}
 
 
 def _mean_metrics(pending: list[dict]) -> dict[str, float]:
@@ -82,7 +124,7 @@ def train(
     log_every: int = 100,
     nonfinite: str = "stop",
     progress: bool = True,
-    handle_sigterm: bool = True,
+    handle_signals: bool = True,
     tensorboard: bool = True,
     desc: str = "train",
 ) -> TrainState:
@@ -93,19 +135,23 @@ def train(
         may be donated).
       step_fn: ``state -> (state, metrics)``, e.g. from :func:`make_train_step`.
       num_steps: total number of steps of the run (not the number left).
-      ckpt: a :class:`Checkpointer`; the latest checkpoint in it is restored first, one
-        is saved every ``ckpt.save_every`` steps and at the end.
+      ckpt: a :class:`Checkpointer`; its newest readable checkpoint is restored first
+        (see :meth:`Checkpointer.restore_latest`), one is saved every
+        ``ckpt.save_every`` steps and at the end.
       log_dir: where ``metrics.jsonl`` and TensorBoard events go (``None``: no files).
       log_every: host-sync and logging interval in steps (>= 1). Logged values are
         means over the applied steps since the previous log line, plus
-        ``steps_per_s``, ``n_skipped`` and the wall time ``time_s``.
+        ``steps_per_s``, ``n_skipped`` and the wall time ``time_s``. Each log step also
+        emits ``step N/total  loss L  R steps/s`` at INFO on the ``scorelib.training``
+        logger (Hydra writes it to ``train.log``).
       nonfinite: ``'stop'`` raises ``FloatingPointError("non-finite loss at step N")``
         (``N`` the 0-based index of the first bad step) at the next sync, before any
         later checkpoint is written; ``'skip'`` continues (the step already discarded
         the update and counted it in ``state.n_skipped``).
       progress: show a tqdm bar with steps/s and the loss.
-      handle_sigterm: on SIGTERM finish the current step, save a checkpoint, and raise
-        :class:`Preempted` (exit status 143 if uncaught).
+      handle_signals: on SIGINT, SIGTERM or SIGUSR1 finish the current step, save it,
+        and raise :class:`Interrupted` (see the module docstring). The handlers are
+        installed only while ``train`` runs, and only in the main thread.
       tensorboard: also write TensorBoard events under ``log_dir/tb``.
 
     Returns:
@@ -113,18 +159,15 @@ def train(
 
     Raises:
       ValueError: bad arguments (naming ``trainer.*``), or a checkpoint that does not
-        match the model (see :meth:`Checkpointer.restore`).
+        match the model (:class:`IncompatibleCheckpoint`).
+      CheckpointError: a save failed or cannot be read back, or no checkpoint on disk
+        is readable.
       FloatingPointError: see ``nonfinite``.
-      Preempted: see ``handle_sigterm``.
+      Interrupted: see ``handle_signals``.
     """
-    if not (isinstance(num_steps, int) and num_steps >= 0):
-        raise ValueError(f"trainer.num_steps must be an integer >= 0; got {num_steps!r}")
-    if not (isinstance(log_every, int) and log_every >= 1):
-        raise ValueError(f"trainer.log_every must be an integer >= 1; got {log_every!r}")
-    if nonfinite not in NONFINITE_MODES:
-        raise ValueError(
-            f"trainer.nonfinite must be one of {list(NONFINITE_MODES)}; got {nonfinite!r}"
-        )
+    check_int(num_steps, "trainer.num_steps", low=0)
+    check_int(log_every, "trainer.log_every", low=1)
+    check_choice(nonfinite, "trainer.nonfinite", NONFINITE_MODES)
 
     if ckpt is not None:
         restored = ckpt.restore_latest(abstract_state(state))
@@ -133,6 +176,8 @@ def train(
     start = int(state.step)
     if start > num_steps:
         raise ValueError(f"trainer.num_steps = {num_steps} is behind the restored step {start}")
+    if start > 0:
+        log.info("resumed from step %d of %d", start, num_steps)
 
     writer = MetricsWriter(log_dir, start, tensorboard=tensorboard) if log_dir else None
     bar = tqdm(total=num_steps, initial=start, desc=desc, disable=not progress, dynamic_ncols=True)
@@ -146,14 +191,15 @@ def train(
                 raise FloatingPointError(f"non-finite loss at step {bad}")
 
     try:
-        with _SigtermFlag(handle_sigterm) as sigterm:
+        with _StopSignals(handle_signals) as signals:
             for i in range(start, num_steps):
                 state, metrics = step_fn(state)
                 pending.append(metrics)
                 s = i + 1
                 last = s == num_steps
+                stop = signals.signum is not None
                 do_log = s % log_every == 0 or last
-                do_save = ckpt is not None and (ckpt.should_save(s) or last or sigterm.flag)
+                do_save = ckpt is not None and (ckpt.should_save(s) or last or stop)
                 if do_log:
                     check_finite()
                     means = _mean_metrics(pending)
@@ -167,15 +213,28 @@ def train(
                     bar.update(s - bar.n)
                     loss = means.get("loss", math.nan)
                     bar.set_postfix(loss=f"{loss:.4g}", steps_per_s=f"{rate:.1f}")
+                    log.info("step %d/%d  loss %.4g  %.1f steps/s", s, num_steps, loss, rate)
+                if stop:
+                    signals.saving = True
+                    log.warning(
+                        "%s received: stopping after step %d%s",
+                        signal.Signals(signals.signum).name,
+                        s,
+                        " and saving it" if ckpt is not None else " (no checkpointer)",
+                    )
                 if do_save:
                     check_finite()  # never save a state past a non-finite step in 'stop' mode
                     ckpt.save(s, state, force=True)
-                if sigterm.flag:
+                if stop:
                     if ckpt is not None:
                         ckpt.wait()
-                    raise Preempted(s)
-        if ckpt is not None:
-            ckpt.wait()
+                    raise Interrupted(signals.signum, s if ckpt is not None else None, at_step=s)
+            signals.saving = True
+            if ckpt is not None:
+                ckpt.wait()
+            if signals.signum is not None:  # arrived during the final save: the run is done
+                saved = num_steps if ckpt is not None else None
+                raise Interrupted(signals.signum, saved, at_step=num_steps)
     finally:
         bar.close()
         if writer is not None:

@@ -14,6 +14,8 @@ import math
 import os
 from typing import Any
 
+from scorelib._io import atomic_write_text
+
 
 def truncate_jsonl(path: str, max_step: int) -> None:
     """Keep only the lines of ``path`` with ``step <= max_step`` (atomic rename)."""
@@ -28,12 +30,7 @@ def truncate_jsonl(path: str, max_step: int) -> None:
                 continue
             if rec.get("step", math.inf) <= max_step:
                 keep.append(json.dumps(rec))
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.writelines(line + "\n" for line in keep)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(line + "\n" for line in keep))
 
 
 class MetricsWriter:

@@ -8,10 +8,11 @@ lr 2e-4, 5000 warm-up steps, clip 1.0) and EDM (Karras et al. 2022,
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import jax.numpy as jnp
 import optax
+
+from scorelib._checks import check_int, check_real
 
 
 def warmup_schedule(lr: float, warmup_steps: int):
@@ -23,11 +24,6 @@ def warmup_schedule(lr: float, warmup_steps: int):
     if warmup_steps == 0:
         return optax.constant_schedule(lr)
     return lambda count: lr * jnp.minimum((count + 1) / warmup_steps, 1.0)
-
-
-def _check(cond: bool, field: str, allowed: str, value: Any) -> None:
-    if not cond:
-        raise ValueError(f"{field} must be {allowed}; got {value!r}")
 
 
 def make_optimizer(
@@ -54,22 +50,16 @@ def make_optimizer(
     Raises:
       ValueError: naming the field (``optim.lr`` etc.) when a value is out of range.
     """
-    _check(isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0, "optim.lr", "> 0", lr)
-    _check(
-        isinstance(warmup_steps, int) and warmup_steps >= 0,
-        "optim.warmup_steps",
-        "an integer >= 0",
-        warmup_steps,
-    )
-    _check(
-        grad_clip is None or (math.isfinite(grad_clip) and grad_clip > 0),
-        "optim.grad_clip",
-        "> 0 or None",
-        grad_clip,
-    )
-    _check(0.0 <= b1 < 1.0, "optim.b1", "in [0, 1)", b1)
-    _check(0.0 <= b2 < 1.0, "optim.b2", "in [0, 1)", b2)
-    _check(math.isfinite(eps) and eps > 0, "optim.eps", "> 0", eps)
+    inf = math.inf
+    lr = check_real(lr, "optim.lr", low=0.0, low_open=True, high=inf, high_open=True)
+    warmup_steps = check_int(warmup_steps, "optim.warmup_steps", low=0)
+    if grad_clip is not None:
+        grad_clip = check_real(
+            grad_clip, "optim.grad_clip", low=0.0, low_open=True, high=inf, high_open=True
+        )
+    b1 = check_real(b1, "optim.b1", low=0.0, high=1.0, high_open=True)
+    b2 = check_real(b2, "optim.b2", low=0.0, high=1.0, high_open=True)
+    eps = check_real(eps, "optim.eps", low=0.0, low_open=True, high=inf, high_open=True)
     adam = optax.adam(warmup_schedule(lr, warmup_steps), b1=b1, b2=b2, eps=eps)
     if grad_clip is None:
         return adam

@@ -4,7 +4,7 @@
 includes Adam's moments and the schedule count), the step, the base PRNG key
 and the counters of non-finite steps. Checkpointing this single pytree is
 what makes an interrupted-and-resumed run equal an uninterrupted one bit for
-bit (fault kind 8): no counter lives outside it.
+bit: no counter lives outside it.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ One step, for state ``s`` with ``i = s.step``::
 
 Every random draw and every batch depends only on ``(key, i)``, so a run resumed
 from a checkpoint at step ``k`` computes exactly what the uninterrupted run
-computes (fault kind 8); nothing depends on where a run was interrupted.
+computes; nothing depends on where a run was interrupted.
 
 Non-finite handling: a step is *non-finite* when the loss or the global gradient
 norm is NaN/inf. Its update is always discarded (params, EMA and optimizer state

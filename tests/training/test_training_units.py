@@ -3,14 +3,35 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
+import signal
+import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from scorelib.training import EMA, ema_decay, ema_update, make_optimizer, train, warmup_schedule
-from scorelib.training.metrics_log import truncate_jsonl
+sys.path.insert(0, os.path.dirname(__file__))
+import toy_train  # noqa: E402
+
+from scorelib.training import (  # noqa: E402
+    EMA,
+    Checkpointer,
+    Interrupted,
+    abstract_state,
+    create_state,
+    ema_decay,
+    ema_update,
+    make_optimizer,
+    make_train_step,
+    network_source,
+    train,
+    warmup_schedule,
+)
+from scorelib.training.metrics_log import truncate_jsonl  # noqa: E402
 
 
 def _np_adam(grads, lr, warmup, clip, b1=0.9, b2=0.999, eps=1e-8, w0=None):
@@ -82,9 +103,126 @@ def test_ema_decay_edm_halflife_with_rampup():
         assert math.isclose(got, want, rel_tol=1e-5, abs_tol=1e-30), (step, got, want)
     assert float(ema_decay(0, batch_size=b, halflife_nimg=h, rampup_ratio=r)) == 0.0
     # without ramp-up the half-life is constant: beta^(h / b) = 1/2
-    beta = float(ema_decay(5, batch_size=b, halflife_nimg=h))
+    beta = float(ema_decay(5, batch_size=b, halflife_nimg=h, warmup=False))
     assert math.isclose(beta ** (h / b), 0.5, rel_tol=1e-4)
-    assert float(ema_decay(7, batch_size=b, decay=0.999)) == pytest.approx(0.999)
+    assert float(ema_decay(7, batch_size=b, decay=0.999, warmup=False)) == pytest.approx(0.999)
+
+
+def test_warmup_leaves_edm_rampup_unchanged():
+    # rampup_ratio <= ln 2 / 9 keeps EDM's ramp below the warm-up cap at every step
+    steps = np.concatenate([np.arange(0, 5000), np.geomspace(5000, 1e7, 200).astype(int)])
+    for r in (0.05, math.log(2) / 9 * 0.999):
+        kw = dict(batch_size=64, halflife_nimg=500_000.0, rampup_ratio=r)
+        on = np.asarray(EMA(**kw).beta(jnp.asarray(steps)))
+        off = np.asarray(EMA(**kw, warmup=False).beta(jnp.asarray(steps)))
+        assert np.array_equal(on, off), r
+    # a larger ratio is capped
+    kw = dict(batch_size=64, halflife_nimg=500_000.0, rampup_ratio=0.5)
+    assert float(EMA(**kw).beta(10)) < float(EMA(**kw, warmup=False).beta(10))
+
+
+def _np_ema(params_seq, betas):
+    ema = np.array(params_seq[0], np.float64)  # create_state: the EMA starts at the init
+    out = []
+    for p, b in zip(params_seq[1:], betas, strict=True):
+        ema = b * ema + (1.0 - b) * np.asarray(p, np.float64)
+        out.append(ema.copy())
+    return out
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"decay": 0.999},
+        {"decay": 0.9},
+        {"decay": 0.999, "warmup": False},
+        {"halflife_nimg": 2000.0, "batch_size": 8},
+        {"halflife_nimg": 2000.0, "batch_size": 8, "rampup_ratio": 0.5},
+    ],
+)
+def test_ema_matches_numpy_loop(kwargs):
+    ema = EMA(**kwargs)
+    warmup = kwargs.get("warmup", True)
+    T = 60
+    betas = []
+    for t in range(T):  # written out from the definitions, in float64
+        if "decay" in kwargs:
+            b = kwargs["decay"]
+        else:
+            h = kwargs["halflife_nimg"]
+            if "rampup_ratio" in kwargs:
+                h = min(h, t * kwargs["batch_size"] * kwargs["rampup_ratio"])
+            b = 0.5 ** (kwargs["batch_size"] / max(h, 1e-8))
+        if warmup:
+            b = min(b, (1 + t) / (10 + t))
+        betas.append(b)
+    np.testing.assert_allclose([float(ema.beta(t)) for t in range(T)], betas, rtol=2e-6)
+    if warmup:
+        assert float(ema.beta(0)) == pytest.approx(0.0 if "rampup_ratio" in kwargs else 0.1)
+    rng = np.random.default_rng(0)
+    params = [rng.normal(size=3) for _ in range(T + 1)]
+    e = jnp.asarray(params[0], jnp.float32)
+    for t, (p, want) in enumerate(zip(params[1:], _np_ema(params, betas), strict=True)):
+        e = ema_update(e, jnp.asarray(p, jnp.float32), ema.beta(t))
+        np.testing.assert_allclose(np.asarray(e), want, rtol=1e-5, atol=1e-6)
+
+
+_MU = np.array([3.0, -2.0, 1.0, 0.5], np.float32)
+
+
+def _quadratic(w, x0, key):
+    # E_x 0.5 |w - x|^2 with x ~ N(mu, I): minimised exactly at w = mu
+    x = _MU + jax.random.normal(key, (16, 4))
+    return 0.5 * jnp.mean(jnp.sum((w["w"] - x) ** 2, -1)), {}
+
+
+@pytest.mark.parametrize("warmup", [True, False])
+def test_ema_of_a_300_step_run_beats_raw_params_at_the_optimum(warmup):
+    # Adam from 0 reaches mu in ~80 steps, then jitters around it; the EMA averages the
+    # jitter. Mean squared distance to mu over 8 seeds, at steps 200 and 300.
+    opt = make_optimizer(lr=0.05, warmup_steps=0, grad_clip=None)
+    step = make_train_step(
+        _quadratic, lambda p, k: p, opt, EMA(decay=0.999, warmup=warmup), lambda i: jnp.zeros(())
+    )
+    raw, avg = np.zeros(2), np.zeros(2)
+    for seed in range(8):
+        st = create_state({"w": jnp.zeros(4)}, opt, seed=seed)
+        for i in range(1, 301):
+            st, _ = step(st)
+            if i in (200, 300):
+                k = i // 100 - 2
+                raw[k] += np.sum((np.asarray(st.params["w"]) - _MU) ** 2) / 8
+                avg[k] += np.sum((np.asarray(st.ema_params["w"]) - _MU) ** 2) / 8
+    if warmup:
+        assert np.all(avg < raw / 2), (avg, raw)
+    else:  # 0.999^300 = 74% of the EMA is still the initial zeros: what warm-up fixes
+        assert np.all(avg > 100 * raw), (avg, raw)
+
+
+def test_ema_of_a_300_step_toy_diffusion_run_is_not_worse_than_raw():
+    from scorelib.objectives import EDMLoss
+    from scorelib.processes import EDM
+
+    graphdef, s0 = toy_train._model(32)
+    proc = EDM()
+    loss = EDMLoss(process=proc)
+    source = network_source(proc, graphdef, 0.5)
+    held_out = jnp.concatenate([toy_train.make_batch_fn()(10**6 + j) for j in range(64)])
+    evaluate = jax.jit(lambda p: loss(source(p, None), held_out, jax.random.key(99))[0])
+    losses = {}
+    for warmup in (True, False):
+        st = jax.tree.map(lambda x: x.copy(), s0)
+        ema = EMA(batch_size=toy_train.BATCH, decay=0.999, warmup=warmup)
+        step = make_train_step(loss, source, toy_train.OPT, ema, toy_train.make_batch_fn())
+        for i in range(1, 301):
+            st, _ = step(st)
+            if i % 100 == 0:
+                losses[warmup, i] = (float(evaluate(st.params)), float(evaluate(st.ema_params)))
+    for i in (100, 200, 300):
+        raw, avg = losses[True, i]
+        assert avg <= raw, (i, raw, avg)
+    raw, avg = losses[False, 300]
+    assert avg > raw + 0.2, (raw, avg)  # without warm-up the EMA is far worse
 
 
 def test_ema_update():
@@ -102,6 +240,7 @@ def test_ema_update():
         ({"decay": 0.9, "rampup_ratio": 0.1}, "ema.rampup_ratio"),
         ({"halflife_nimg": 10.0, "rampup_ratio": 0.0}, "ema.rampup_ratio"),
         ({"halflife_nimg": 10.0, "batch_size": 0}, "ema.batch_size"),
+        ({"decay": 0.9, "warmup": 1}, "ema.warmup"),
     ],
 )
 def test_ema_bad_fields(kwargs, field):
@@ -128,3 +267,101 @@ def test_truncate_jsonl(tmp_path):
 def test_train_bad_arguments(kwargs, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
         train(None, None, progress=False, **kwargs)
+
+
+def test_log_lines_every_log_every_steps(tmp_path, caplog):
+    state, step, ckpt = toy_train.build(
+        toy_train.parser().parse_args([str(tmp_path), "--num-steps", "12"])
+    )
+    with caplog.at_level(logging.INFO, logger="scorelib.training"):
+        train(state, step, num_steps=12, ckpt=ckpt, log_every=5, progress=False)
+    ckpt.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "scorelib.training"]
+    assert len(lines) == 3, lines  # steps 5, 10 and the last, 12
+    for line, s in zip(lines, (5, 10, 12), strict=True):
+        head, loss, rate = line.split("  ")
+        assert head == f"step {s}/12"
+        assert loss.startswith("loss ") and math.isfinite(float(loss[5:]))
+        assert rate.endswith(" steps/s") and float(rate.split()[0]) > 0
+
+
+def _signalling(step_fn, at, signums):
+    """``step_fn`` that sends ``signums`` to this process during step index ``at``."""
+
+    def step(state):
+        if int(state.step) == at:
+            for s in signums:
+                os.kill(os.getpid(), s)
+        return step_fn(state)
+
+    return step
+
+
+@pytest.mark.parametrize(
+    "signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGUSR1, 138)]
+)
+def test_signal_saves_the_step_and_raises_interrupted(tmp_path, caplog, signum, code):
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    args = toy_train.parser().parse_args([str(tmp_path), "--num-steps", "20", "--save-every", "4"])
+    state, step, ckpt = toy_train.build(args)
+    with caplog.at_level(logging.WARNING, logger="scorelib.training"):
+        with pytest.raises(Interrupted) as e:
+            train(state, _signalling(step, 6, [signum]), num_steps=20, ckpt=ckpt, progress=False)
+    ckpt.close()
+    assert isinstance(e.value, SystemExit) and e.value.code == code
+    assert e.value.signum == signum and e.value.step == 7  # the step in flight, finished
+    assert e.value.message == "saved step 7; rerun the same command to resume"
+    assert f"{signal.Signals(signum).name} received: stopping after step 7" in caplog.text
+    assert {s: signal.getsignal(s) for s in before} == before  # handlers put back
+    fresh, _, c = toy_train.build(args)
+    assert c.all_steps() == [4, 7]
+    assert int(c.restore_latest(abstract_state(fresh)).step) == 7
+    c.close()
+
+
+def test_second_ctrl_c_before_the_boundary_stops_at_once(tmp_path):
+    before = signal.getsignal(signal.SIGINT)
+    args = toy_train.parser().parse_args([str(tmp_path), "--num-steps", "20", "--save-every", "4"])
+    state, step, ckpt = toy_train.build(args)
+    with pytest.raises(KeyboardInterrupt):
+        train(
+            state,
+            _signalling(step, 6, [signal.SIGINT] * 2),
+            num_steps=20,
+            ckpt=ckpt,
+            progress=False,
+        )
+    ckpt.close()
+    assert signal.getsignal(signal.SIGINT) is before
+    assert Checkpointer(tmp_path / "ckpt", save_every=4).all_steps() == [4]  # untouched
+
+
+def test_ctrl_c_during_the_save_is_ignored(tmp_path):
+    args = toy_train.parser().parse_args([str(tmp_path), "--num-steps", "20", "--save-every", "4"])
+    state, step, ckpt = toy_train.build(args)
+    save = ckpt.save
+
+    def save_interrupted(*a, **k):  # a second and a third Ctrl-C while saving
+        os.kill(os.getpid(), signal.SIGINT)
+        out = save(*a, **k)
+        os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    ckpt.save = save_interrupted
+    with pytest.raises(Interrupted) as e:
+        train(state, _signalling(step, 1, [signal.SIGINT]), num_steps=20, ckpt=ckpt, progress=False)
+    ckpt.close()
+    assert e.value.code == 130 and e.value.step == 2
+    fresh, _, c = toy_train.build(args)
+    assert int(c.restore_latest(abstract_state(fresh)).step) == 2
+    c.close()
+
+
+def test_signal_without_checkpointer_says_nothing_was_saved(tmp_path):
+    args = toy_train.parser().parse_args([str(tmp_path), "--num-steps", "20"])
+    state, step, ckpt = toy_train.build(args)
+    ckpt.close()
+    with pytest.raises(Interrupted) as e:
+        train(state, _signalling(step, 2, [signal.SIGTERM]), num_steps=20, progress=False)
+    assert e.value.code == 143 and e.value.step is None
+    assert e.value.message == "stopped by SIGTERM at step 3; nothing saved"

@@ -1,7 +1,9 @@
 """A tiny EDM training run used by the training tests, in-process or as a script.
 
 ``python tests/training/toy_train.py RUN_DIR --num-steps N [...]`` trains (or
-resumes) the run in ``RUN_DIR``; the data are a pure function of the step.
+resumes) the run in ``RUN_DIR``; the data are a pure function of the step. As a script it
+behaves like an entry point: on SIGINT/SIGTERM/SIGUSR1 it prints the interruption's
+message ("saved step N; rerun the same command to resume") and exits with its status.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from scorelib.processes import EDM
 from scorelib.training import (
     EMA,
     Checkpointer,
+    Interrupted,
     init_state,
     make_optimizer,
     make_train_step,
@@ -120,5 +123,9 @@ def run(argv):
 
 
 if __name__ == "__main__":
-    run(sys.argv[1:])
+    try:
+        run(sys.argv[1:])
+    except Interrupted as e:
+        print(e.message, flush=True)
+        raise
     print("done", flush=True)
