@@ -1,6 +1,6 @@
 """Data: 2-D toy distributions, bundled and user-provided image sets, deterministic batches."""
 
-from scorelib.data.batching import batch_indices, example_keys, get_batch
+from scorelib.data.batching import batch_indices, batch_keys, get_batch
 from scorelib.data.images import (
     ImageDataset,
     load_digits,
@@ -29,7 +29,7 @@ __all__ = [
     "TOY_NAMES",
     "ImageDataset",
     "batch_indices",
-    "example_keys",
+    "batch_keys",
     "get_batch",
     "load_digits",
     "load_mnist_subset",

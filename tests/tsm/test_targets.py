@@ -3,6 +3,7 @@ computations (scipy quadrature, jax.grad, closed-form moments, KS tests)."""
 
 import math
 
+import closed_forms
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -165,8 +166,8 @@ def test_manywell_noisy_score_against_scipy_convolution(process):
     src = m.noisy_score(process)
     z = math.exp(m.log_z1)
     for s_ve in (0.02, 0.05, 0.3, 2.0):
-        t = float(process.t_of_ve_sigma(jnp.asarray(s_ve, jnp.float32)))
-        a, sig = float(process.alpha(t)), float(process.sigma(t))
+        t = float(closed_forms.t_of_ve_sigma(process, s_ve))
+        a, sig = (float(v) for v in closed_forms.alpha_sigma(process, t))
 
         def p_t(y, a=a, sig=sig):
             f = lambda x0: _well_pdf_unnorm(x0) / z * stats.norm.pdf(y, a * x0, sig)
