@@ -17,7 +17,7 @@ from scorelib.data.targets import (
     make_target,
     random_gaussian_mixture,
 )
-from scorelib.data.toy import TOY_NAMES, ring_means, toy_batch, toy_from_keys, toy_sample, toy_std
+from scorelib.data.toy import TOY_NAMES, ring_means, toy_batch, toy_from_keys, toy_sample
 
 __all__ = [
     "EnergyTarget",
@@ -40,5 +40,4 @@ __all__ = [
     "toy_batch",
     "toy_from_keys",
     "toy_sample",
-    "toy_std",
 ]

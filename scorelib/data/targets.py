@@ -234,26 +234,25 @@ class GaussianMixtureTarget(Target):
         m = np.asarray(means, dtype=np.float64)
         if m.ndim == 1:
             m = m[:, None]
-        if m.ndim != 2 or m.shape[0] < 1:
-            raise ValueError(f"target.means must have shape [K, d]; got {np.shape(means)}")
+        require(m.ndim == 2 and m.shape[0] >= 1, "target.means", "of shape [K, d]",
+                np.shape(means))
         k, d = m.shape
-        if w.shape != (k,) or not np.all(np.isfinite(w)) or np.any(w <= 0):
-            raise ValueError(f"target.weights must be {k} positive numbers; got {weights!r}")
+        ok = w.shape == (k,) and np.all(np.isfinite(w)) and not np.any(w <= 0)
+        require(ok, "target.weights", f"{k} positive numbers", weights)
         if (covs is None) == (stds is None):
             raise ValueError("give exactly one of target.covs and target.stds")
         if stds is not None:
             s = np.asarray(stds, dtype=np.float64).reshape(-1)
-            if s.shape != (k,) or np.any(~(s > 0)):
-                raise ValueError(f"target.stds must be {k} positive numbers; got {stds!r}")
+            require(s.shape == (k,) and np.all(s > 0), "target.stds", f"{k} positive numbers",
+                    stds)
             c = (s**2)[:, None, None] * np.eye(d)[None]
         else:
             c = np.asarray(covs, dtype=np.float64)
             if d == 1 and c.shape in ((k,), (k, 1)):
                 c = c.reshape(k, 1, 1)
-            if c.shape != (k, d, d):
-                raise ValueError(f"target.covs must have shape ({k}, {d}, {d}); got {c.shape}")
-            if not np.allclose(c, np.swapaxes(c, -1, -2), rtol=1e-6, atol=1e-9):
-                raise ValueError("target.covs must be symmetric")
+            require(c.shape == (k, d, d), "target.covs", f"of shape ({k}, {d}, {d})", c.shape)
+            require(np.allclose(c, np.swapaxes(c, -1, -2), rtol=1e-6, atol=1e-9),
+                    "target.covs", "symmetric", "an asymmetric matrix")
         lam, u = np.linalg.eigh(0.5 * (c + np.swapaxes(c, -1, -2)))
         if not np.all(lam > 0):
             raise ValueError(
@@ -435,6 +434,18 @@ class ManyWellTarget(Target):
         grid_size: int = 20001,
         name: str | None = None,
     ) -> ManyWellTarget:
+        """Build the target: tabulate one double well's density and CDF in float64.
+
+        Args:
+          dim: data dimension ``d`` (even when ``gaussian_pairs``).
+          a, b, c: the double-well energy ``E(x) = a x^4 - b x^2 - c x`` (``a > 0``).
+          gaussian_pairs: odd coordinates standard normal (Midgley et al.) or all wells.
+          grid_size: points of the 1-D grid (>= 101) for the normaliser and the CDF.
+          name: a label for messages and tables (default ``manywell{d}d``).
+
+        Raises:
+          ValueError: naming the field, as in the class docstring.
+        """
         dim = check_int(dim, "target.dim", low=1)
         require(
             not (gaussian_pairs and dim % 2),

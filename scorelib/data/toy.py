@@ -4,8 +4,8 @@ Every distribution is defined per example: one example is a pure function of one
 key, so a batch is ``vmap`` over per-example keys and never depends on the batch
 size (see :mod:`scorelib.data.batching`). Units are arbitrary data units; all six
 sets live within about ``[-4, 4]^2`` with a per-coordinate standard deviation
-between about 1 and 1.8 (:func:`toy_std` estimates it, e.g. for EDM's
-``sigma_data``). Output dtype is float32.
+between about 1 and 1.8 (``np.std(toy_sample(name, n, seed))`` estimates it, e.g.
+for EDM's ``sigma_data``). Output dtype is float32.
 
 Names (as accepted by :func:`toy_sample` and :func:`toy_batch`):
 
@@ -179,11 +179,6 @@ def _toy_batch(name, batch_size, seed, step, process_index):
     return toy_from_keys(name, keys)
 
 
-def toy_std(name: str, n: int = 20_000, seed: int = 0) -> float:
-    """Monte-Carlo estimate of the per-coordinate std (a ``sigma_data`` for EDM)."""
-    return float(np.std(toy_sample(name, n, seed)))
-
-
 __all__ = [
     "RING_COMPONENTS",
     "RING_RADIUS",
@@ -193,5 +188,4 @@ __all__ = [
     "toy_batch",
     "toy_from_keys",
     "toy_sample",
-    "toy_std",
 ]

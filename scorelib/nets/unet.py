@@ -287,10 +287,10 @@ class UNet(nnx.Module):
         Raises:
           ValueError: if ``x`` is not ``[B, *data_shape]`` or ``c_noise`` is not ``[B]``.
         """
-        if x.ndim != 4 or tuple(x.shape[1:]) != self.data_shape:
-            raise ValueError(f"x must have shape [B, *{self.data_shape}]; got {x.shape}")
-        if c_noise.shape != (x.shape[0],):
-            raise ValueError(f"c_noise must have shape ({x.shape[0]},); got {c_noise.shape}")
+        require(x.ndim == 4 and tuple(x.shape[1:]) == self.data_shape, "x",
+                f"of shape [B, *{self.data_shape}]", x.shape)
+        require(c_noise.shape == (x.shape[0],), "c_noise", f"of shape ({x.shape[0]},)",
+                c_noise.shape)
         emb = self.emb2(jax.nn.silu(self.emb1(self.embed(c_noise))))
 
         h = self.conv_in(x)

@@ -22,6 +22,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from scorelib._checks import check_choice
 from scorelib.processes.base import Process
 
 Array = Any
@@ -62,15 +63,12 @@ def dsm_weight(weighting: str, *, process: Process, t: Array) -> Array:
     Raises:
       ValueError: for an unknown ``weighting`` (naming ``objective.weighting``).
     """
+    check_choice(weighting, "objective.weighting", DSM_WEIGHTINGS)
     if weighting == "sigma2":
         return sigma2_weight(process=process, t=t)
     if weighting == "likelihood":
         return likelihood_weight(process=process, t=t)
-    if weighting == "none":
-        return unit_weight(t=t)
-    raise ValueError(
-        f"objective.weighting must be one of {list(DSM_WEIGHTINGS)}; got {weighting!r}"
-    )
+    return unit_weight(t=t)
 
 
 def edm_weight(*, ve_sigma: Array, sigma_data: float) -> Array:

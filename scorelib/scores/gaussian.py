@@ -73,8 +73,7 @@ class GaussianScore(ScoreSource):
         mean = np.asarray(mean, np.float64).reshape(-1)
         cov = np.asarray(cov, np.float64)
         d = mean.shape[0]
-        if cov.shape != (d, d):
-            raise ValueError(f"cov must have shape ({d}, {d}) to match mean; got {cov.shape}")
+        require(cov.shape == (d, d), "cov", f"of shape ({d}, {d}) to match mean", cov.shape)
         lam, u = np.linalg.eigh(0.5 * (cov + cov.T))
         dtype = jax.dtypes.canonicalize_dtype(np.float64)
         return cls(

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from scorelib._checks import require
 from scorelib.processes.base import broadcast_to_data
 from scorelib.scores.base import ScoreSource, check_time_shape, flatten
 
@@ -123,13 +124,11 @@ class MixtureScore(ScoreSource):
         weights = np.asarray(weights, dtype=np.float64)
         means = np.asarray(means, dtype=np.float64)
         covs = np.asarray(covs, dtype=np.float64)
-        if means.ndim != 2:
-            raise ValueError(f"means must have shape [K, d]; got {means.shape}")
+        require(means.ndim == 2, "means", "of shape [K, d]", means.shape)
         k, d = means.shape
-        if weights.shape != (k,) or not np.all(np.isfinite(weights) & (weights > 0)):
-            raise ValueError(f"weights must be {k} positive numbers; got {weights}")
-        if covs.shape != (k, d, d):
-            raise ValueError(f"covs must have shape ({k}, {d}, {d}); got {covs.shape}")
+        ok = weights.shape == (k,) and np.all(np.isfinite(weights) & (weights > 0))
+        require(ok, "weights", f"{k} positive numbers", weights)
+        require(covs.shape == (k, d, d), "covs", f"of shape ({k}, {d}, {d})", covs.shape)
         lam, u = np.linalg.eigh(0.5 * (covs + np.swapaxes(covs, -1, -2)))
         dtype = jax.dtypes.canonicalize_dtype(np.float64)  # float32 unless x64 is enabled
         return cls(

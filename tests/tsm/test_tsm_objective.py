@@ -36,12 +36,12 @@ class LinearScore(ScoreSource):
 
 
 @pytest.mark.parametrize("process", [EDM(sigma_min=1e-3), VP()], ids=["edm", "vp"])
-@pytest.mark.parametrize("s_ve", [0.3, 1.0])
-def test_target_score_identity_by_importance_weights_on_1d_mixture(process, s_ve):
+@pytest.mark.parametrize("ve_sigma", [0.3, 1.0])
+def test_target_score_identity_by_importance_weights_on_1d_mixture(process, ve_sigma):
     """E[grad log p0(x0) / alpha | x_t = y] (self-normalised IS from exact prior samples)
     equals the closed-form noisy mixture score; so does the DSI estimate."""
     target = gmm_1d()
-    t = float(closed_forms.t_of_ve_sigma(process, s_ve))
+    t = float(closed_forms.t_of_ve_sigma(process, ve_sigma))
     a, sig = (float(v) for v in closed_forms.alpha_sigma(process, t))
     n = 400_000
     x0 = np.asarray(target.sample(jax.random.key(1), n), np.float64)[:, 0]
@@ -161,17 +161,17 @@ def test_gaussian_optimal_label_has_zero_variance_for_gaussian_data(process):
     )
     aniso = GaussianMixtureTarget.create([1.0], [[0.0, 0.0]], [np.diag([0.2, 1.5])])
     r_aniso = _label_residuals(process, aniso, "gaussian_optimal", SIGMAS_OPT, n, 0)
-    for i, s_ve in enumerate(SIGMAS_OPT):
+    for i, ve_sigma in enumerate(SIGMAS_OPT):
         # the pure labels have a conditional variance (DSM's ~ d / sigma^2 at low noise,
         # TSM's ~ d sigma^2 / sd^4); the Gaussian-optimal label is exact up to float32 rounding
         floor = min(r["u_dsm"][i].mean(), r["u_tsm"][i].mean())
         assert floor > 1e-4
-        assert r["u"][i].mean() < 1e-5 * floor, (s_ve, r["u"][i].mean(), floor)
+        assert r["u"][i].mean() < 1e-5 * floor, (ve_sigma, r["u"][i].mean(), floor)
         # ... and only for an isotropic Gaussian with the right sigma_d: a wrong sigma_d or
         # an anisotropic covariance leaves a variance the same check sees
-        assert r_wrong["u"][i].mean() > 1e-2 * floor, s_ve
+        assert r_wrong["u"][i].mean() > 1e-2 * floor, ve_sigma
         floor_aniso = min(r_aniso["u_dsm"][i].mean(), r_aniso["u_tsm"][i].mean())
-        assert r_aniso["u"][i].mean() > 1e-2 * floor_aniso, s_ve
+        assert r_aniso["u"][i].mean() > 1e-2 * floor_aniso, ve_sigma
 
 
 def _mean_and_se(r):
