@@ -1,6 +1,6 @@
 """Data: 2-D toy distributions, bundled and user-provided image sets, deterministic batches."""
 
-from scorelib.data.batching import batch_indices, example_keys, get_batch
+from scorelib.data.batching import batch_indices, batch_keys, get_batch
 from scorelib.data.images import (
     ImageDataset,
     load_digits,
@@ -17,7 +17,7 @@ from scorelib.data.targets import (
     make_target,
     random_gaussian_mixture,
 )
-from scorelib.data.toy import TOY_NAMES, ring_means, toy_batch, toy_from_keys, toy_sample, toy_std
+from scorelib.data.toy import TOY_NAMES, ring_means, toy_batch, toy_from_keys, toy_sample
 
 __all__ = [
     "EnergyTarget",
@@ -29,7 +29,7 @@ __all__ = [
     "TOY_NAMES",
     "ImageDataset",
     "batch_indices",
-    "example_keys",
+    "batch_keys",
     "get_batch",
     "load_digits",
     "load_mnist_subset",
@@ -40,5 +40,4 @@ __all__ = [
     "toy_batch",
     "toy_from_keys",
     "toy_sample",
-    "toy_std",
 ]

@@ -2,8 +2,9 @@
 
 A batch is a pure function of ``(seed, step, process_index)``. Every example of
 the *global* batch at a step draws from its own key,
-``fold_in(fold_in(key(seed), step), position)``, and process ``p`` with a local
-batch of ``B`` takes positions ``p * B ... p * B + B - 1``. So:
+``fold_in(fold_in(key(seed), step), position)`` (the library's per-example key rule,
+:func:`scorelib.keys.example_keys`, applied to the step key), and process ``p`` with a
+local batch of ``B`` takes positions ``p * B ... p * B + B - 1``. So:
 
 * the same call gives the same batch, in Python or inside ``jax.jit``;
 * the local batches of processes ``0 .. P-1`` concatenated equal the batch of one
@@ -24,28 +25,30 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from scorelib._checks import check_int, require
+from scorelib.keys import example_keys
+
 Array = Any
 
 
-def example_keys(batch_size: int, *, seed, step, process_index=0) -> Array:
-    """The per-example keys of a local batch.
+def batch_keys(batch_size: int, *, seed, step, process_index=0) -> Array:
+    """The per-example keys of a local training batch at ``(seed, step, process_index)``.
 
     Args:
-      batch_size: the local (per-process) batch size ``B`` (a Python int).
-      seed, step, process_index: integers (Python ints or traced int32 scalars).
+      batch_size: the local (per-process) batch size ``B`` (a Python int >= 1).
+      seed, step, process_index: integers >= 0 (Python ints or traced int32 scalars).
 
     Returns:
       typed PRNG key array ``[B]``: example ``j`` of process ``p`` uses
-      ``fold_in(fold_in(key(seed), step), p * B + j)``.
+      ``fold_in(fold_in(key(seed), step), p * B + j)``, i.e.
+      ``scorelib.keys.example_keys(fold_in(key(seed), step), B, p * B)``.
 
     Raises:
       ValueError: if ``batch_size < 1``.
     """
-    if int(batch_size) < 1:
-        raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+    batch_size = check_int(batch_size, "batch_size", low=1)
     step_key = jax.random.fold_in(jax.random.key(seed), step)
-    positions = process_index * batch_size + jnp.arange(batch_size, dtype=jnp.int32)
-    return jax.vmap(lambda i: jax.random.fold_in(step_key, i))(positions)
+    return example_keys(step_key, batch_size, process_index * batch_size)
 
 
 def batch_indices(n: int, batch_size: int, *, seed, step, process_index=0) -> Array:
@@ -56,14 +59,13 @@ def batch_indices(n: int, batch_size: int, *, seed, step, process_index=0) -> Ar
     """
     if int(n) < 1:
         raise ValueError(f"cannot draw a batch from an empty data set (n={n})")
-    if int(batch_size) < 1:
-        raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+    check_int(batch_size, "batch_size", low=1)
     return _batch_indices(int(n), int(batch_size), seed, step, process_index)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _batch_indices(n, batch_size, seed, step, process_index):
-    keys = example_keys(batch_size, seed=seed, step=step, process_index=process_index)
+    keys = batch_keys(batch_size, seed=seed, step=step, process_index=process_index)
     return jax.vmap(lambda k: jax.random.randint(k, (), 0, n, dtype=jnp.int32))(keys)
 
 
@@ -85,8 +87,7 @@ def get_batch(data: Array, batch_size: int, *, seed, step, process_index=0) -> A
     Raises:
       ValueError: if ``data`` has no leading axis or is empty, or ``batch_size < 1``.
     """
-    if np.ndim(data) < 1:
-        raise ValueError(f"data must be [n, *data_shape]; got shape {np.shape(data)}")
+    require(np.ndim(data) >= 1, "data", "[n, *data_shape]", np.shape(data))
     idx = batch_indices(
         data.shape[0], batch_size, seed=seed, step=step, process_index=process_index
     )

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from scorelib._checks import check_real
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ImageDataset:
@@ -66,8 +68,7 @@ def stratified_split(labels: np.ndarray, test_fraction: float, seed: int):
     Raises:
       ValueError: if ``test_fraction`` is not in ``(0, 1)``.
     """
-    if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"test_fraction must be in (0, 1); got {test_fraction}")
+    check_real(test_fraction, "test_fraction", low=0.0, high=1.0, low_open=True, high_open=True)
     rng = np.random.default_rng(seed)
     labels = np.asarray(labels)
     test = []

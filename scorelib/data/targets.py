@@ -36,7 +36,7 @@ Targets:
   ``gaussian_pairs=False``, a product of identical 1-D double wells in every
   coordinate. Exact samples by inverse CDF on a fine 1-D grid; its noisy score
   factorises over coordinates and is computed by 1-D quadrature
-  (:class:`ManyWellNoisyScore`).
+  (:class:`scorelib.scores.ManyWellNoisyScore`).
 * :class:`EnergyTarget` -- any user energy ``E(x)``, score by ``jax.grad``, no
   exact sampler (an example of a target that can be trained on by TSM only with
   samples from elsewhere).
@@ -53,12 +53,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
-from scorelib.data.batching import example_keys
-from scorelib.processes.base import Process, broadcast_to_data
-from scorelib.scores.base import ScoreSource, check_time_shape
-from scorelib.scores.mixture import MixtureScore
+from scorelib._checks import check_choice, check_int, require
+from scorelib._pytree import static_pytree
+from scorelib.data.batching import batch_keys
+from scorelib.keys import example_keys
+from scorelib.processes.base import Process
+from scorelib.scores.base import ScoreSource
+from scorelib.scores.manywell import ManyWellNoisyScore
+from scorelib.scores.mixture import MixtureScore, mixture_log_prob, mixture_score, mixture_terms
 
 Array = Any
 
@@ -69,20 +72,21 @@ Array = Any
 
 def _check_x(target: Target, x: Array) -> Array:
     x = jnp.asarray(x)
-    if x.ndim != 2 or x.shape[-1] != target.dim:
-        raise ValueError(
-            f"{target.name}: x must have shape [batch, {target.dim}]; got {tuple(x.shape)}"
-        )
+    require(
+        x.ndim == 2 and x.shape[-1] == target.dim,
+        f"{target.name}: x",
+        f"of shape [batch, {target.dim}]",
+        tuple(x.shape),
+    )
     return x
 
 
 class Target:
     """Base class of targets with a known (clean) score. See the module docstring.
 
-    Subclasses are frozen dataclasses with ``eq=False`` registered with
-    :func:`register` and implement ``log_prob`` and either ``score`` or nothing
-    (then the score is ``jax.grad`` of ``log_prob``), and ``_sample_one`` when they
-    have an exact sampler.
+    Subclasses are frozen dataclasses with ``eq=False`` registered as static pytrees
+    and implement ``log_prob`` and either ``score`` or nothing (then the score is
+    ``jax.grad`` of ``log_prob``), and ``_sample_one`` when they have an exact sampler.
     """
 
     name: str = "target"
@@ -107,6 +111,7 @@ class Target:
     # --- sampling ---------------------------------------------------------
     @property
     def has_exact_sampler(self) -> bool:
+        """Whether :meth:`sample` draws exact samples (else it raises ``ValueError``)."""
         return type(self)._sample_one is not Target._sample_one
 
     def _sample_one(self, key: jax.Array) -> Array:
@@ -138,18 +143,19 @@ class Target:
           ValueError: if ``n < 1`` or the target has no exact sampler.
         """
         self.require_samples(needed_by)
-        if int(n) < 1:
-            raise ValueError(f"n must be >= 1; got {n}")
-        return _sample_n(self, key, int(n))
+        return _sample_n(self, key, check_int(n, "n", low=1))
 
     def batch(self, batch_size: int, *, seed, step, process_index=0, needed_by="training") -> Array:
         """The training stream: the local batch ``[B, d]`` at ``(seed, step, process_index)``.
 
-        Per-example keys from :func:`scorelib.data.batching.example_keys`, so the
+        Per-example keys from :func:`scorelib.data.batching.batch_keys`, so the
         batch does not depend on how many processes share it; jit-compatible
         (``batch_size`` static, the integers may be traced).
+
+        Raises:
+          ValueError: if ``batch_size < 1`` or the target has no exact sampler.
         """
-        keys = example_keys(batch_size, seed=seed, step=step, process_index=process_index)
+        keys = batch_keys(batch_size, seed=seed, step=step, process_index=process_index)
         return self.sample_from_keys(keys, needed_by=needed_by)
 
     # --- summaries --------------------------------------------------------
@@ -159,7 +165,11 @@ class Target:
         raise NotImplementedError(f"{type(self).__name__} does not know its sigma_data")
 
     def noisy_score(self, process: Process) -> ScoreSource:
-        """The exact score source of ``p_t`` under ``process``, where one is implemented."""
+        """The exact score source of ``p_t`` under ``process``, where one is implemented.
+
+        Raises:
+          NotImplementedError: for a target without a closed-form noisy score.
+        """
         raise NotImplementedError(f"{type(self).__name__} has no closed-form noisy score")
 
 
@@ -171,14 +181,7 @@ def _samples_from_keys(target: Target, keys: Array) -> Array:
 
 @partial(jax.jit, static_argnums=2)
 def _sample_n(target: Target, key: jax.Array, n: int) -> Array:
-    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(n, dtype=jnp.int32))
-    return _samples_from_keys(target, keys)
-
-
-def register(cls):
-    """Register a target class as a static pytree (hashed by identity)."""
-    jax.tree_util.register_static(cls)
-    return cls
+    return _samples_from_keys(target, example_keys(key, n))
 
 
 # ---------------------------------------------------------------------------
@@ -186,7 +189,7 @@ def register(cls):
 # ---------------------------------------------------------------------------
 
 
-@register
+@static_pytree
 @dataclasses.dataclass(frozen=True, eq=False)
 class GaussianMixtureTarget(Target):
     """``p_0 = sum_k w_k N(m_k, C_k)`` in ``d`` dimensions with full covariances.
@@ -231,26 +234,25 @@ class GaussianMixtureTarget(Target):
         m = np.asarray(means, dtype=np.float64)
         if m.ndim == 1:
             m = m[:, None]
-        if m.ndim != 2 or m.shape[0] < 1:
-            raise ValueError(f"target.means must have shape [K, d]; got {np.shape(means)}")
+        require(m.ndim == 2 and m.shape[0] >= 1, "target.means", "of shape [K, d]",
+                np.shape(means))
         k, d = m.shape
-        if w.shape != (k,) or not np.all(np.isfinite(w)) or np.any(w <= 0):
-            raise ValueError(f"target.weights must be {k} positive numbers; got {weights!r}")
+        ok = w.shape == (k,) and np.all(np.isfinite(w)) and not np.any(w <= 0)
+        require(ok, "target.weights", f"{k} positive numbers", weights)
         if (covs is None) == (stds is None):
             raise ValueError("give exactly one of target.covs and target.stds")
         if stds is not None:
             s = np.asarray(stds, dtype=np.float64).reshape(-1)
-            if s.shape != (k,) or np.any(~(s > 0)):
-                raise ValueError(f"target.stds must be {k} positive numbers; got {stds!r}")
+            require(s.shape == (k,) and np.all(s > 0), "target.stds", f"{k} positive numbers",
+                    stds)
             c = (s**2)[:, None, None] * np.eye(d)[None]
         else:
             c = np.asarray(covs, dtype=np.float64)
             if d == 1 and c.shape in ((k,), (k, 1)):
                 c = c.reshape(k, 1, 1)
-            if c.shape != (k, d, d):
-                raise ValueError(f"target.covs must have shape ({k}, {d}, {d}); got {c.shape}")
-            if not np.allclose(c, np.swapaxes(c, -1, -2), rtol=1e-6, atol=1e-9):
-                raise ValueError("target.covs must be symmetric")
+            require(c.shape == (k, d, d), "target.covs", f"of shape ({k}, {d}, {d})", c.shape)
+            require(np.allclose(c, np.swapaxes(c, -1, -2), rtol=1e-6, atol=1e-9),
+                    "target.covs", "symmetric", "an asymmetric matrix")
         lam, u = np.linalg.eigh(0.5 * (c + np.swapaxes(c, -1, -2)))
         if not np.all(lam > 0):
             raise ValueError(
@@ -277,26 +279,29 @@ class GaussianMixtureTarget(Target):
         )
 
     def _terms(self, x):
+        """The library's mixture terms (``scorelib/scores/mixture.py``) at ``alpha = 1``,
+        ``sigma = 0``: the clean density."""
         logw, m, lam, u = self._consts()
-        diff = x[:, None, :] - m[None]  # [b, K, d]
-        coef = jnp.einsum("bkd,kde->bke", diff, u)  # eigen-coordinates
-        logn = -0.5 * (
-            jnp.sum(coef**2 / lam, -1)
-            + jnp.sum(jnp.log(lam), -1)
-            + self.dim * math.log(2 * math.pi)
+        return mixture_terms(
+            _check_x(self, x), log_weights=logw, means=m, eigvecs=u, eigvals=lam,
+            alpha=1.0, sigma=0.0,
         )
-        comp_score = -jnp.einsum("bke,kde->bkd", coef / lam, u)
-        return logn + logw, comp_score
 
     def log_prob(self, x):
-        x = _check_x(self, x)
-        logp, _ = self._terms(x)
-        return jax.nn.logsumexp(logp, axis=-1)
+        """``logsumexp_k (log w_k + log N(x; m_k, C_k))`` (normalised): ``[b, d] -> [b]``.
+
+        Raises:
+          ValueError: unless ``x`` is ``[b, dim]``.
+        """
+        return mixture_log_prob(self._terms(x)[0])
 
     def score(self, x):
-        x = _check_x(self, x)
-        logp, comp = self._terms(x)
-        return jnp.einsum("bk,bkd->bd", jax.nn.softmax(logp, axis=-1), comp)
+        """``sum_k r_k(x) (-C_k^{-1} (x - m_k))``: ``[b, d] -> [b, d]`` (1 / data units).
+
+        Raises:
+          ValueError: unless ``x`` is ``[b, dim]``.
+        """
+        return mixture_score(*self._terms(x))
 
     def _sample_one(self, key):
         logw, m, lam, u = self._consts()
@@ -321,6 +326,7 @@ class GaussianMixtureTarget(Target):
 
     @property
     def sigma_data(self) -> float:
+        """``sqrt(tr Cov[x_0] / d)`` (data units), from :attr:`covariance`."""
         return float(np.sqrt(np.trace(self.covariance) / self.dim))
 
     def noisy_score(self, process: Process) -> MixtureScore:
@@ -348,13 +354,10 @@ def random_gaussian_mixture(
     Raises:
       ValueError: for ``dim < 1``, ``n_components < 1`` or a bad ``var_range``.
     """
-    if int(dim) < 1 or int(n_components) < 1:
-        raise ValueError(
-            f"target.dim and target.n_components must be >= 1; got {dim}, {n_components}"
-        )
+    check_int(dim, "target.dim", low=1)
+    check_int(n_components, "target.n_components", low=1)
     lo, hi = (float(v) for v in var_range)
-    if not 0 < lo <= hi:
-        raise ValueError(f"target.var_range must satisfy 0 < lo <= hi; got {var_range!r}")
+    require(0 < lo <= hi, "target.var_range", "a pair with 0 < lo <= hi", var_range)
     rng = np.random.default_rng(seed)
     k, d = int(n_components), int(dim)
     weights = rng.dirichlet(np.full(k, 5.0))
@@ -375,7 +378,7 @@ def random_gaussian_mixture(
 _TAIL_NATS = 80.0  # grid ends where the 1-D density is exp(-80) below its maximum
 
 
-@register
+@static_pytree
 @dataclasses.dataclass(frozen=True, eq=False)
 class ManyWellTarget(Target):
     """Many-well: a product of 1-D double wells (and standard Gaussians).
@@ -431,17 +434,27 @@ class ManyWellTarget(Target):
         grid_size: int = 20001,
         name: str | None = None,
     ) -> ManyWellTarget:
-        dim = int(dim)
-        if dim < 1:
-            raise ValueError(f"target.dim must be >= 1; got {dim}")
-        if gaussian_pairs and dim % 2:
-            raise ValueError(
-                f"target.dim must be even when target.gaussian_pairs is true; got {dim}"
-            )
-        if not a > 0:
-            raise ValueError(f"target.a must be > 0 (a confining quartic); got {a}")
-        if int(grid_size) < 101:
-            raise ValueError(f"target.grid_size must be >= 101; got {grid_size}")
+        """Build the target: tabulate one double well's density and CDF in float64.
+
+        Args:
+          dim: data dimension ``d`` (even when ``gaussian_pairs``).
+          a, b, c: the double-well energy ``E(x) = a x^4 - b x^2 - c x`` (``a > 0``).
+          gaussian_pairs: odd coordinates standard normal (Midgley et al.) or all wells.
+          grid_size: points of the 1-D grid (>= 101) for the normaliser and the CDF.
+          name: a label for messages and tables (default ``manywell{d}d``).
+
+        Raises:
+          ValueError: naming the field, as in the class docstring.
+        """
+        dim = check_int(dim, "target.dim", low=1)
+        require(
+            not (gaussian_pairs and dim % 2),
+            "target.dim",
+            "even when target.gaussian_pairs is true",
+            dim,
+        )
+        require(a > 0, "target.a", "> 0 (a confining quartic)", a)
+        check_int(grid_size, "target.grid_size", low=101)
         a, b, c = float(a), float(b), float(c)
 
         def neg_energy(x):
@@ -491,6 +504,7 @@ class ManyWellTarget(Target):
 
     @property
     def n_wells(self) -> int:
+        """Number of double-well coordinates."""
         return int(self.well_mask.sum())
 
     def neg_energy_1d(self, x: Array) -> Array:
@@ -503,6 +517,11 @@ class ManyWellTarget(Target):
 
     # --- density ------------------------------------------------------------
     def log_prob(self, x):
+        """Normalised ``sum_i log p(x_i)`` over the coordinates: ``[b, d] -> [b]``.
+
+        Raises:
+          ValueError: unless ``x`` is ``[b, dim]``.
+        """
         x = _check_x(self, x)
         mask = jnp.asarray(self.well_mask)
         per = jnp.where(mask, self.neg_energy_1d(x), -0.5 * x**2)
@@ -526,65 +545,14 @@ class ManyWellTarget(Target):
 
     @property
     def sigma_data(self) -> float:
+        """``sqrt(tr Cov[x_0] / d)`` (data units) from the quadrature variance of a well."""
         n_w = self.n_wells
         return float(np.sqrt((n_w * self.well_var + (self.dim - n_w) * 1.0) / self.dim))
 
     def noisy_score(self, process: Process) -> ManyWellNoisyScore:
+        """The exact ``p_t`` score under ``process`` by 1-D quadrature
+        (:class:`scorelib.scores.ManyWellNoisyScore`)."""
         return ManyWellNoisyScore(process=process, target=self)
-
-
-class ManyWellNoisyScore(ScoreSource):
-    """Exact score of the many-well target under a noise process, by 1-D quadrature.
-
-    ``p_t`` factorises over coordinates. A Gaussian coordinate has score
-    ``-y / (alpha^2 + sigma^2)``. A double-well coordinate uses the target score
-    identity (De Bortoli et al. 2024, Sec. 2 / ``methods/02`` eq. TSI)
-    ``s_t(y) = E[-E'(x_0) | x_t = y] / alpha`` with the posterior
-    ``p(x_0 | y) ∝ exp(-E(x_0)) N(x_0; y / alpha, s^2)``, ``s = sigma / alpha`` the
-    VE-frame noise level, integrated by
-
-    * Gauss-Hermite quadrature in ``z`` with ``x_0 = y / alpha + s z`` (``gh_nodes``
-      nodes) when ``s < s_switch`` (the Gaussian factor is narrow), and
-    * the trapezoid rule on ``quad_size`` points of the target's grid otherwise.
-
-    Both rules agree to better than 1e-4 relative around ``s_switch = 0.05`` (tested).
-    """
-
-    target: ManyWellTarget = struct.field(pytree_node=False, default=None)
-    gh_nodes: int = struct.field(pytree_node=False, default=64)
-    quad_size: int = struct.field(pytree_node=False, default=4001)
-    s_switch: float = struct.field(pytree_node=False, default=0.05)
-
-    def _well_score_gh(self, y_ve, s):
-        z, w = np.polynomial.hermite_e.hermegauss(self.gh_nodes)
-        z = jnp.asarray(z, jnp.float32)
-        logw = jnp.asarray(np.log(w), jnp.float32)
-        x0 = y_ve[..., None] + s[..., None] * z  # [b, n, G]
-        logit = self.target.neg_energy_1d(x0) + logw
-        return jnp.sum(jax.nn.softmax(logit, -1) * self.target.grad_neg_energy_1d(x0), -1)
-
-    def _well_score_grid(self, y_ve, s):
-        g = self.target.grid
-        grid = jnp.asarray(np.linspace(g[0], g[-1], self.quad_size), jnp.float32)
-        logit = (
-            self.target.neg_energy_1d(grid) - 0.5 * ((grid - y_ve[..., None]) / s[..., None]) ** 2
-        )
-        return jnp.sum(jax.nn.softmax(logit, -1) * self.target.grad_neg_energy_1d(grid), -1)
-
-    def score(self, x, t):
-        check_time_shape(x, t)
-        p = self.process
-        alpha = broadcast_to_data(p.alpha(t), x)
-        sigma = broadcast_to_data(p.sigma(t), x)
-        s = jnp.broadcast_to(broadcast_to_data(p.ve_sigma(t), x), x.shape)
-        y_ve = x / alpha
-        # evaluate each rule only where it is accurate (the other gets a safe s)
-        small = s < self.s_switch
-        e_gh = self._well_score_gh(y_ve, jnp.where(small, s, self.s_switch))
-        e_grid = self._well_score_grid(y_ve, jnp.where(small, self.s_switch, s))
-        well = jnp.where(small, e_gh, e_grid) / alpha
-        gauss = -x / (alpha**2 + sigma**2)
-        return jnp.where(jnp.asarray(self.target.well_mask), well, gauss)
 
 
 # ---------------------------------------------------------------------------
@@ -592,7 +560,7 @@ class ManyWellNoisyScore(ScoreSource):
 # ---------------------------------------------------------------------------
 
 
-@register
+@static_pytree
 @dataclasses.dataclass(frozen=True, eq=False)
 class EnergyTarget(Target):
     """An unnormalised Boltzmann target ``p_0 ∝ exp(-energy(x))`` with no exact sampler.
@@ -608,6 +576,11 @@ class EnergyTarget(Target):
     name: str = "energy"
 
     def log_prob(self, x):
+        """``-energy(x)`` (unnormalised): ``[b, d] -> [b]``.
+
+        Raises:
+          ValueError: unless ``x`` is ``[b, dim]``.
+        """
         x = _check_x(self, x)
         return -self.energy(x)
 
@@ -632,15 +605,14 @@ def make_target(kind: str, **kwargs) -> Target:
     Raises:
       ValueError: for an unknown ``kind`` (naming ``target.kind``) or bad arguments.
     """
+    check_choice(kind, "target.kind", TARGET_KINDS)
     if kind == "gmm":
         return GaussianMixtureTarget.create(**kwargs)
     if kind == "gmm_random":
         if "var_range" in kwargs:
             kwargs["var_range"] = tuple(kwargs["var_range"])
         return random_gaussian_mixture(**kwargs)
-    if kind == "manywell":
-        return ManyWellTarget.create(**kwargs)
-    raise ValueError(f"target.kind must be one of {list(TARGET_KINDS)}; got {kind!r}")
+    return ManyWellTarget.create(**kwargs)
 
 
 def gmm_1d() -> GaussianMixtureTarget:
@@ -659,7 +631,6 @@ __all__ = [
     "TARGET_KINDS",
     "EnergyTarget",
     "GaussianMixtureTarget",
-    "ManyWellNoisyScore",
     "ManyWellTarget",
     "Target",
     "gmm_1d",

@@ -4,8 +4,8 @@ Every distribution is defined per example: one example is a pure function of one
 key, so a batch is ``vmap`` over per-example keys and never depends on the batch
 size (see :mod:`scorelib.data.batching`). Units are arbitrary data units; all six
 sets live within about ``[-4, 4]^2`` with a per-coordinate standard deviation
-between about 1 and 1.8 (:func:`toy_std` estimates it, e.g. for EDM's
-``sigma_data``). Output dtype is float32.
+between about 1 and 1.8 (``np.std(toy_sample(name, n, seed))`` estimates it, e.g.
+for EDM's ``sigma_data``). Output dtype is float32.
 
 Names (as accepted by :func:`toy_sample` and :func:`toy_batch`):
 
@@ -34,7 +34,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scorelib.data.batching import example_keys
+from scorelib._checks import check_int
+from scorelib.data.batching import batch_keys
+from scorelib.keys import example_keys
 
 Array = Any
 
@@ -142,8 +144,7 @@ def toy_sample(name: str, n: int, seed: int) -> np.ndarray:
       ValueError: for an unknown name or ``n < 1``.
     """
     _sampler(name)
-    if int(n) < 1:
-        raise ValueError(f"n must be >= 1; got {n}")
+    check_int(n, "n", low=1)
     # fixed-size chunks: one compilation per name, whatever n is
     chunks = [np.asarray(_toy_chunk(name, seed, start)) for start in range(0, int(n), _CHUNK)]
     return np.concatenate(chunks)[:n]
@@ -154,36 +155,28 @@ _CHUNK = 4096
 
 @functools.partial(jax.jit, static_argnums=0)
 def _toy_chunk(name, seed, start):
-    base = jax.random.key(seed)
-    idx = start + jnp.arange(_CHUNK, dtype=jnp.int32)
-    return toy_from_keys(name, jax.vmap(lambda i: jax.random.fold_in(base, i))(idx))
+    return toy_from_keys(name, example_keys(jax.random.key(seed), _CHUNK, start))
 
 
 def toy_batch(name: str, batch_size: int, *, seed, step, process_index=0) -> Array:
     """The infinite-data stream: the local batch ``[B, 2]`` (float32 ``jax.Array``).
 
     A pure function of ``(seed, step, process_index)`` with the per-example keys of
-    :func:`scorelib.data.batching.example_keys`; jit-compatible (``name`` and
+    :func:`scorelib.data.batching.batch_keys`; jit-compatible (``name`` and
     ``batch_size`` static, the integers may be traced).
 
     Raises:
       ValueError: for an unknown name or ``batch_size < 1``.
     """
     _sampler(name)
-    if int(batch_size) < 1:
-        raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+    check_int(batch_size, "batch_size", low=1)
     return _toy_batch(name, int(batch_size), seed, step, process_index)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _toy_batch(name, batch_size, seed, step, process_index):
-    keys = example_keys(batch_size, seed=seed, step=step, process_index=process_index)
+    keys = batch_keys(batch_size, seed=seed, step=step, process_index=process_index)
     return toy_from_keys(name, keys)
-
-
-def toy_std(name: str, n: int = 20_000, seed: int = 0) -> float:
-    """Monte-Carlo estimate of the per-coordinate std (a ``sigma_data`` for EDM)."""
-    return float(np.std(toy_sample(name, n, seed)))
 
 
 __all__ = [
@@ -195,5 +188,4 @@ __all__ = [
     "toy_batch",
     "toy_from_keys",
     "toy_sample",
-    "toy_std",
 ]

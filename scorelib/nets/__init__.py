@@ -1,7 +1,7 @@
 """Flax NNX networks ``F(x, c_noise)`` and the EDM preconditioning."""
 
 from scorelib.nets.mlp import MLP
-from scorelib.nets.precond import Precond, edm_loss_weight, edm_precond
+from scorelib.nets.precond import Precond, edm_precond
 from scorelib.nets.unet import UNet
 
-__all__ = ["MLP", "UNet", "edm_precond", "edm_loss_weight", "Precond"]
+__all__ = ["MLP", "UNet", "edm_precond", "Precond"]

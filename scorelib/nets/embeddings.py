@@ -14,18 +14,21 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from scorelib._checks import check_choice, check_real, is_int, require
+
 
 class FourierEmbedding(nnx.Module):
     """``c: [batch] -> [batch, dim]``; the frequencies are fixed (not trained)."""
 
     def __init__(self, dim: int, scale: float = 16.0, *, rngs: nnx.Rngs):
-        if dim % 2:
-            raise ValueError(f"model.emb_dim must be even; got {dim}")
+        require(is_int(dim) and dim > 0 and dim % 2 == 0, "model.emb_dim", "a positive even int",
+                dim)
         # Stored as a Param so the model is one parameter pytree, but never trained:
         # the forward pass stops its gradient, so Adam's update for it is exactly 0.
         self.freqs = nnx.Param(jax.random.normal(rngs.params(), (dim // 2,)) * scale)
 
     def __call__(self, c):
+        """``c: [batch]`` -> ``[batch, dim]`` (cosines, then sines)."""
         arg = 2 * math.pi * c[:, None] * jax.lax.stop_gradient(self.freqs[...])[None, :]
         return jnp.concatenate([jnp.cos(arg), jnp.sin(arg)], axis=-1)
 
@@ -34,13 +37,14 @@ class PositionalEmbedding(nnx.Module):
     """``c: [batch] -> [batch, dim]`` sinusoidal embedding (no parameters)."""
 
     def __init__(self, dim: int, max_positions: float = 10000.0, scale: float = 1.0):
-        if dim % 2:
-            raise ValueError(f"model.emb_dim must be even; got {dim}")
+        require(is_int(dim) and dim > 0 and dim % 2 == 0, "model.emb_dim", "a positive even int",
+                dim)
         self.dim = dim
         self.max_positions = max_positions
         self.scale = scale
 
     def __call__(self, c):
+        """``c: [batch]`` -> ``[batch, dim]`` (cosines, then sines)."""
         half = self.dim // 2
         f = jnp.exp(-math.log(self.max_positions) * jnp.arange(half) / half)
         arg = (self.scale * c)[:, None] * f[None, :]
@@ -63,10 +67,8 @@ def make_embedding(kind: str, dim: int, scale: float | None = None, *, rngs: nnx
     """
     if scale is None:
         scale = DEFAULT_SCALES.get(kind, 1.0)
-    if not scale > 0:
-        raise ValueError(f"model.emb_scale must be > 0; got {scale}")
+    check_choice(kind, "model.embedding", ("fourier", "positional"))
+    scale = check_real(scale, "model.emb_scale", low=0.0, low_open=True, high_open=True)
     if kind == "fourier":
         return FourierEmbedding(dim, scale, rngs=rngs)
-    if kind == "positional":
-        return PositionalEmbedding(dim, scale=scale)
-    raise ValueError(f"model.embedding must be one of ['fourier', 'positional']; got {kind!r}")
+    return PositionalEmbedding(dim, scale=scale)

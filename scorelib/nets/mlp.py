@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from scorelib._checks import check_choice, check_int, check_real
 from scorelib.nets.embeddings import make_embedding
 
 
@@ -46,12 +47,10 @@ class MLP(nnx.Module):
         *,
         rngs: nnx.Rngs,
     ):
-        if width < 1 or depth < 1:
-            raise ValueError(f"model.width and model.depth must be >= 1; got {width}, {depth}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"model.dropout must be in [0, 1); got {dropout}")
-        if norm not in ("none", "layer"):
-            raise ValueError(f"model.norm must be 'none' or 'layer'; got {norm!r}")
+        check_int(width, "model.width", low=1)
+        check_int(depth, "model.depth", low=1)
+        check_real(dropout, "model.dropout", low=0.0, high=1.0, high_open=True)
+        check_choice(norm, "model.norm", ("none", "layer"))
         self.data_shape = tuple(data_shape)
         d = math.prod(self.data_shape)
         self.embed = make_embedding(embedding, emb_dim, emb_scale, rngs=rngs)
@@ -76,5 +75,5 @@ class MLP(nnx.Module):
                 h = self.dropout(h, rngs=rngs, deterministic=False)
         return jnp.reshape(self.out(jax.nn.silu(self._norm(-1, h))), x.shape)
 
-    def _norm(self, i, h):
+    def _norm(self, i, h):  # LayerNorm i (-1: before the output layer), or the identity
         return h if self.norms is None else self.norms[i](h)

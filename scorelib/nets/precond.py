@@ -20,6 +20,9 @@ Array = Any
 
 
 class Precond(NamedTuple):
+    """The EDM coefficients, each of the shape of ``sigma`` (``c_noise`` dimensionless,
+    ``c_out`` in data units, ``c_in`` in 1 / data units, ``c_skip`` dimensionless)."""
+
     c_skip: Array
     c_out: Array
     c_in: Array
@@ -29,7 +32,15 @@ class Precond(NamedTuple):
 def edm_precond(sigma: Array, sigma_data: float) -> Precond:
     """The four EDM coefficients at noise level ``sigma`` (scalar or ``[batch]``, > 0).
 
-    Source: Karras et al. 2022, Table 1 ("Ours" column).
+    Args:
+      sigma: VE-frame noise level (data units, > 0; ``c_noise`` is ``-inf`` at 0).
+      sigma_data: data standard deviation (data units, > 0).
+
+    Returns:
+      :class:`Precond` of arrays of the shape of ``sigma``.
+
+    Source: Karras et al. 2022, Table 1 ("Ours" column). The loss weight that goes with
+    it is :func:`scorelib.objectives.weights.edm_weight`.
     """
     sigma = jnp.asarray(sigma)
     sd2 = sigma_data**2
@@ -40,11 +51,3 @@ def edm_precond(sigma: Array, sigma_data: float) -> Precond:
         c_in=1.0 / jnp.sqrt(denom),
         c_noise=0.25 * jnp.log(sigma),
     )
-
-
-def edm_loss_weight(sigma: Array, sigma_data: float) -> Array:
-    """The EDM loss weight ``(sigma^2 + sigma_data^2) / (sigma sigma_data)^2``.
-
-    Source: Karras et al. 2022, Table 1; it makes ``lambda c_out^2 = 1``.
-    """
-    return (sigma**2 + sigma_data**2) / (sigma * sigma_data) ** 2

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from scorelib._checks import is_int, is_real, require
 from scorelib.nets.embeddings import make_embedding
 
 _SKIP_SCALE = 1.0 / math.sqrt(2.0)
@@ -60,6 +61,8 @@ class ResBlock(nnx.Module):
         self.skip = _conv(cin, cout, 1, rngs=rngs) if cin != cout else None
 
     def __call__(self, x, emb, rngs=None):
+        """``x: [B, H, W, cin]``, ``emb: [B, emb_dim]`` -> ``[B, H, W, cout]``; ``rngs``
+        enables dropout."""
         h = self.conv1(jax.nn.silu(self.norm1(x)))
         e = self.emb_proj(jax.nn.silu(emb))[:, None, None, :]  # [B, 1, 1, cout or 2 cout]
         if self.scale_shift:
@@ -85,6 +88,7 @@ class Attention(nnx.Module):
         self.heads = heads
 
     def __call__(self, x):
+        """``x: [B, H, W, ch]`` -> ``[B, H, W, ch]``."""
         b, hh, ww, c = x.shape
         dh = c // self.heads
         qkv = self.qkv(self.norm(x)).reshape(b, hh * ww, 3, self.heads, dh)
@@ -103,6 +107,7 @@ class Stage(nnx.Module):
         self.attn = attn
 
     def __call__(self, x, emb, rngs=None):
+        """The residual block, then attention if present; shapes as :class:`ResBlock`."""
         h = self.res(x, emb, rngs)
         return h if self.attn is None else self.attn(h)
 
@@ -114,6 +119,7 @@ class Downsample(nnx.Module):
         self.conv = _conv(ch, ch, 3, strides=2, rngs=rngs)
 
     def __call__(self, x):
+        """``[B, H, W, C] -> [B, ceil(H/2), ceil(W/2), C]``."""
         return self.conv(x)
 
 
@@ -124,6 +130,7 @@ class Upsample(nnx.Module):
         self.conv = _conv(ch, ch, 3, rngs=rngs)
 
     def __call__(self, x, size):
+        """``x: [B, h, w, C]`` -> ``[B, size[0], size[1], C]`` (``size <= (2h, 2w)``)."""
         x = jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2)[:, : size[0], : size[1]]
         return self.conv(x)
 
@@ -184,33 +191,33 @@ class UNet(nnx.Module):
         channel_mult = tuple(channel_mult)
         attn_resolutions = tuple(attn_resolutions)
         emb_dim = 4 * channels if emb_dim is None else emb_dim
-        _check(
+        require(
             len(data_shape) == 3 and all(_pos_int(n) for n in data_shape),
             "model.data_shape",
             "(H, W, C) of positive ints",
             data_shape,
         )
-        _check(_pos_int(channels), "model.channels", "a positive int", channels)
-        _check(
+        require(_pos_int(channels), "model.channels", "a positive int", channels)
+        require(
             len(channel_mult) > 0 and all(_pos_int(m) for m in channel_mult),
             "model.channel_mult",
             "a non-empty sequence of positive ints",
             channel_mult,
         )
-        _check(_pos_int(num_res_blocks), "model.num_res_blocks", "a positive int", num_res_blocks)
-        _check(0.0 <= dropout < 1.0, "model.dropout", "in [0, 1)", dropout)
-        _check(
+        require(_pos_int(num_res_blocks), "model.num_res_blocks", "a positive int", num_res_blocks)
+        require(is_real(dropout) and 0.0 <= dropout < 1.0, "model.dropout", "in [0, 1)", dropout)
+        require(
             _pos_int(emb_dim) and emb_dim % 2 == 0, "model.emb_dim", "a positive even int", emb_dim
         )
-        _check(_pos_int(num_groups), "model.num_groups", "a positive int", num_groups)
-        _check(_pos_int(attn_heads), "model.attn_heads", "a positive int", attn_heads)
+        require(_pos_int(num_groups), "model.num_groups", "a positive int", num_groups)
+        require(_pos_int(attn_heads), "model.attn_heads", "a positive int", attn_heads)
 
         height, _, cin = data_shape
         resolutions = [height]
         for _ in channel_mult[1:]:
             resolutions.append(-(-resolutions[-1] // 2))
         bad = [r for r in attn_resolutions if r not in resolutions]
-        _check(
+        require(
             not bad,
             "model.attn_resolutions",
             f"a subset of the reachable resolutions {resolutions} (feature-map heights)",
@@ -219,7 +226,7 @@ class UNet(nnx.Module):
         level_ch = [channels * m for m in channel_mult]
         for ch in [channels, *level_ch]:
             g = _groups(ch, num_groups)
-            _check(
+            require(
                 ch % g == 0,
                 "model.num_groups",
                 f"such that min(num_groups, ch // 4) = {g} divides every channel count "
@@ -228,7 +235,7 @@ class UNet(nnx.Module):
             )
         for ch, r in [*zip(level_ch, resolutions, strict=True), (level_ch[-1], None)]:
             if r is None or r in attn_resolutions:
-                _check(
+                require(
                     ch % attn_heads == 0,
                     "model.attn_heads",
                     f"a divisor of the attention channels ({ch})",
@@ -280,10 +287,10 @@ class UNet(nnx.Module):
         Raises:
           ValueError: if ``x`` is not ``[B, *data_shape]`` or ``c_noise`` is not ``[B]``.
         """
-        if x.ndim != 4 or tuple(x.shape[1:]) != self.data_shape:
-            raise ValueError(f"x must have shape [B, *{self.data_shape}]; got {x.shape}")
-        if c_noise.shape != (x.shape[0],):
-            raise ValueError(f"c_noise must have shape ({x.shape[0]},); got {c_noise.shape}")
+        require(x.ndim == 4 and tuple(x.shape[1:]) == self.data_shape, "x",
+                f"of shape [B, *{self.data_shape}]", x.shape)
+        require(c_noise.shape == (x.shape[0],), "c_noise", f"of shape ({x.shape[0]},)",
+                c_noise.shape)
         emb = self.emb2(jax.nn.silu(self.emb1(self.embed(c_noise))))
 
         h = self.conv_in(x)
@@ -306,9 +313,4 @@ class UNet(nnx.Module):
 
 
 def _pos_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0
-
-
-def _check(cond: bool, field: str, allowed: str, value) -> None:
-    if not cond:
-        raise ValueError(f"{field} must be {allowed}; got {value!r}")
+    return is_int(v) and v > 0

@@ -1,5 +1,10 @@
-"""Training objectives: ``objective(source, x0, key) -> (loss, metrics)``."""
+"""Training objectives: ``objective(source, x0, key) -> (loss, metrics)``.
 
+Each objective's per-example losses come from ``objective.example_losses(source, x0,
+key)``; their weights live in :mod:`scorelib.objectives.weights`.
+"""
+
+from scorelib.objectives import weights
 from scorelib.objectives.base import Objective, example_draws, reduce_per_example
 from scorelib.objectives.dsm import DSM, EDMLoss
 from scorelib.objectives.tsm import (
@@ -24,4 +29,5 @@ __all__ = [
     "OBJECTIVES",
     "reduce_per_example",
     "example_draws",
+    "weights",
 ]

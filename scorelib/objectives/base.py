@@ -3,14 +3,14 @@
 An objective is a frozen dataclass (a static pytree: hyperparameters only) that
 maps a score source, a batch of clean data and a key to a loss::
 
-    per_example(source, x0, key) -> (loss [batch], aux)   # aux: dict of [batch] arrays
-    __call__(source, x0, key)    -> (scalar loss, metrics) # mean over the batch
+    example_losses(source, x0, key) -> (losses [batch], aux)  # aux: dict of [batch] arrays
+    __call__(source, x0, key)       -> (scalar loss, metrics) # mean over the batch
 
 ``source`` is any :class:`scorelib.scores.ScoreSource` (during training, a
 ``NetworkScore`` holding the parameters being trained). Per-example weights
-multiply per-example errors that are already reduced over the data axes, so a
-``[batch]`` weight can never broadcast against a ``[batch, *data_shape]``
-error (fault kind 7).
+(``scorelib/objectives/weights.py``) multiply per-example errors that are already
+reduced over the data axes, so a ``[batch]`` weight can never broadcast against a
+``[batch, *data_shape]`` error.
 """
 
 from __future__ import annotations
@@ -21,17 +21,20 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from scorelib._checks import check_choice
+from scorelib.keys import example_keys
+
 Array = Any
 
 REDUCTIONS = ("mean", "sum")
 
 
 def example_draws(key: jax.Array, x0: Array, scalar: str) -> tuple[Array, Array]:
-    """Each example's noise level draw and Gaussian noise, from its own key.
+    """Each example's noise-level draw and Gaussian noise, from its own key.
 
-    Example ``b`` uses only ``fold_in(key, b)`` (split into a scalar key and a noise
-    key), so its draws do not depend on the batch size, and a batch sharded over
-    devices gets the same noise as on one device (DESIGN: per-example keys).
+    Example ``b`` uses only ``fold_in(key, b)`` (:func:`scorelib.keys.example_keys`),
+    split into a scalar key and a noise key, so its draws do not depend on the batch
+    size, and a batch sharded over devices gets the same noise as on one device.
 
     Args:
       key: the step's PRNG key.
@@ -45,31 +48,51 @@ def example_draws(key: jax.Array, x0: Array, scalar: str) -> tuple[Array, Array]
     Raises:
       ValueError: for an unknown ``scalar``.
     """
-    if scalar not in ("uniform", "normal"):
-        raise ValueError(f"scalar must be 'uniform' or 'normal'; got {scalar!r}")
+    check_choice(scalar, "scalar", ("uniform", "normal"))
     draw = jax.random.uniform if scalar == "uniform" else jax.random.normal
 
-    def one(i):
-        ks, ke = jax.random.split(jax.random.fold_in(key, i))
+    def one(k):
+        ks, ke = jax.random.split(k)
         return draw(ks, (), x0.dtype), jax.random.normal(ke, x0.shape[1:], x0.dtype)
 
-    return jax.vmap(one)(jnp.arange(x0.shape[0]))
+    return jax.vmap(one)(example_keys(key, x0.shape[0]))
 
 
 def reduce_per_example(err: Array, reduce: str) -> Array:
-    """Reduce ``[batch, *data_shape]`` to ``[batch]`` by ``'mean'`` or ``'sum'`` over data axes."""
+    """Reduce ``err: [batch, *data_shape]`` to ``[batch]`` over the data axes.
+
+    Args:
+      err: per-coordinate errors.
+      reduce: ``'mean'`` or ``'sum'``.
+
+    Raises:
+      ValueError: for another ``reduce`` (naming ``objective.reduce``).
+    """
+    check_choice(reduce, "objective.reduce", REDUCTIONS)
     axes = tuple(range(1, err.ndim))
     if reduce == "mean":
         return jnp.mean(err, axis=axes)
-    if reduce == "sum":
-        return jnp.sum(err, axis=axes)
-    raise ValueError(f"objective.reduce must be one of {list(REDUCTIONS)}; got {reduce!r}")
+    return jnp.sum(err, axis=axes)
 
 
 class Objective:
-    """Base class; subclasses are frozen dataclasses registered as static pytrees."""
+    """Base class; subclasses are frozen dataclasses registered as static pytrees.
 
-    def per_example(self, source, x0: Array, key: jax.Array) -> tuple[Array, dict]:
+    Subclasses implement :meth:`example_losses`; :meth:`__call__` averages it.
+    """
+
+    def example_losses(self, source, x0: Array, key: jax.Array) -> tuple[Array, dict]:
+        """The loss of each example, before the batch mean.
+
+        Args:
+          source: a score source (usually ``NetworkScore`` with trainable params).
+          x0: ``[batch, *data_shape]`` clean data.
+          key: the step's PRNG key; example ``b`` draws from ``fold_in(key, b)``.
+
+        Returns:
+          ``(losses, aux)``: ``losses: [batch]`` and a dict of ``[batch]`` arrays (the
+          draws, e.g. ``t`` or ``sigma``).
+        """
         raise NotImplementedError
 
     def __call__(self, source, x0: Array, key: jax.Array) -> tuple[Array, dict]:
@@ -81,20 +104,22 @@ class Objective:
           key: a PRNG key for times and noise.
 
         Returns:
-          ``(loss, metrics)`` with a scalar loss and a dict of scalars.
+          ``(loss, metrics)`` with a scalar loss and a dict of scalars (the batch means
+          of :meth:`example_losses`' ``aux``, and ``loss``).
+
+        Raises:
+          ValueError: if :meth:`example_losses` does not return a ``[batch]`` loss.
         """
-        per, aux = self.per_example(source, x0, key)
-        if per.shape != (x0.shape[0],):
-            raise ValueError(f"per-example loss has shape {per.shape}; expected ({x0.shape[0]},)")
+        losses, aux = self.example_losses(source, x0, key)
+        if losses.shape != (x0.shape[0],):
+            raise ValueError(
+                f"example_losses returned shape {losses.shape}; expected ({x0.shape[0]},)"
+            )
         metrics = {k: jnp.mean(v) for k, v in aux.items()}
-        loss = jnp.mean(per)
+        loss = jnp.mean(losses)
         metrics["loss"] = loss
         return loss, metrics
 
     def replace(self, **changes):
+        """A copy with some fields changed (validated again, ``ValueError`` as the constructor)."""
         return dataclasses.replace(self, **changes)
-
-
-def register(cls):
-    jax.tree_util.register_static(cls)
-    return cls

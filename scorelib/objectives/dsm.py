@@ -11,6 +11,8 @@
   ``lambda(sigma) reduce((D(x0 + sigma n; sigma) - x0)^2)``,
   ``lambda = (sigma^2 + sigma_data^2) / (sigma sigma_data)^2``. For processes
   with ``alpha != 1`` sigma is the VE-frame level and ``x_t = alpha(t) (x0 + sigma n)``.
+
+The weights live in ``scorelib/objectives/weights.py``.
 """
 
 from __future__ import annotations
@@ -20,23 +22,42 @@ import math
 
 import jax.numpy as jnp
 
-from scorelib.nets.precond import edm_loss_weight
-from scorelib.objectives.base import (
-    REDUCTIONS,
-    Objective,
-    example_draws,
-    reduce_per_example,
-    register,
-)
+from scorelib._checks import check_choice, check_real, require
+from scorelib._pytree import static_pytree
+from scorelib.objectives.base import REDUCTIONS, Objective, example_draws, reduce_per_example
+from scorelib.objectives.weights import DSM_WEIGHTINGS, dsm_weight, edm_weight
 from scorelib.processes.base import Process, broadcast_to_data
 
-DSM_WEIGHTINGS = ("sigma2", "likelihood", "none")
+
+def check_t_range(t_range, process: Process) -> tuple[float, float] | None:
+    """``t_range`` as a float pair ``(lo, hi)`` with ``t_min <= lo <= hi <= t_max``, or None.
+
+    Raises:
+      ValueError: naming ``objective.t_range`` for anything else.
+    """
+    if t_range is None:
+        return None
+    require(len(t_range) == 2, "objective.t_range", "a pair (lo, hi)", t_range)
+    lo, hi = (float(v) for v in t_range)
+    require(
+        process.t_min <= lo <= hi <= process.t_max,
+        "objective.t_range",
+        f"a pair with {process.t_min} <= lo <= hi <= {process.t_max}",
+        tuple(t_range),
+    )
+    return lo, hi
 
 
-@register
+@static_pytree
 @dataclasses.dataclass(frozen=True)
 class DSM(Objective):
-    """Denoising score matching on any process.
+    """Denoising score matching on any process (Song et al., ICLR 2021, eq. 7).
+
+    Fields:
+      process: the noise process.
+      weighting: ``'sigma2'``, ``'likelihood'`` or ``'none'`` (:func:`weight`).
+      reduce: ``'mean'`` or ``'sum'`` over the data axes.
+      t_range: ``(lo, hi)`` process times to sample; default ``(t_min, t_max)``.
 
     Raises:
       ValueError: unknown ``weighting`` or ``reduce``, or a ``t_range`` that is not a
@@ -49,35 +70,29 @@ class DSM(Objective):
     t_range: tuple[float, float] | None = None  # default: (process.t_min, process.t_max)
 
     def __post_init__(self):
-        if self.t_range is not None:
-            if len(self.t_range) != 2:
-                raise ValueError(f"objective.t_range must be a pair (lo, hi); got {self.t_range!r}")
-            lo, hi = self.t_range
-            if not (self.process.t_min <= lo <= hi <= self.process.t_max):
-                raise ValueError(
-                    f"objective.t_range must satisfy {self.process.t_min} <= lo <= hi <= "
-                    f"{self.process.t_max}; got {self.t_range}"
-                )
-        if self.weighting not in DSM_WEIGHTINGS:
-            raise ValueError(
-                f"objective.weighting must be one of {list(DSM_WEIGHTINGS)}; got {self.weighting!r}"
-            )
-        if self.reduce not in REDUCTIONS:
-            raise ValueError(
-                f"objective.reduce must be one of {list(REDUCTIONS)}; got {self.reduce!r}"
-            )
+        object.__setattr__(self, "t_range", check_t_range(self.t_range, self.process))
+        check_choice(self.weighting, "objective.weighting", DSM_WEIGHTINGS)
+        check_choice(self.reduce, "objective.reduce", REDUCTIONS)
 
     def weight(self, t):
-        """``lambda(t)``: ``[batch]``."""
-        p = self.process
-        if self.weighting == "sigma2":
-            return p.sigma(t) ** 2
-        if self.weighting == "likelihood":
-            _, g = p.sde(jnp.zeros((jnp.shape(t)[0], 1)), t)
-            return jnp.reshape(g, (-1,)) ** 2 * jnp.ones_like(t)
-        return jnp.ones_like(t)
+        """``lambda(t)`` at ``t: [batch]``: ``[batch]`` (:func:`weights.dsm_weight`)."""
+        return dsm_weight(self.weighting, process=self.process, t=t)
 
-    def per_example(self, source, x0, key):
+    def example_losses(self, source, x0, key):
+        """``lambda(t) reduce((source.score(x_t, t) + eps / sigma(t))^2)`` per example.
+
+        ``t = lo + (hi - lo) u`` with ``u ~ U[0, 1)`` and ``eps`` from each example's own
+        key (:func:`scorelib.objectives.example_draws`), ``x_t = alpha(t) x0 + sigma(t)
+        eps``.
+
+        Args:
+          source: a score source; its ``score`` is trained (units of 1 / data).
+          x0: ``[batch, *data_shape]`` clean data (data units).
+          key: the step's PRNG key.
+
+        Returns:
+          ``(losses [batch], {"t": [batch]})``.
+        """
         p = self.process
         lo, hi = self.t_range if self.t_range is not None else (p.t_min, p.t_max)
         u, eps = example_draws(key, x0, "uniform")
@@ -88,10 +103,16 @@ class DSM(Objective):
         return self.weight(t) * err, {"t": t}
 
 
-@register
+@static_pytree
 @dataclasses.dataclass(frozen=True)
 class EDMLoss(Objective):
-    """The EDM training loss with log-normal noise levels.
+    """The EDM training loss with log-normal noise levels (Karras et al. 2022, eq. 8).
+
+    Fields:
+      process: the noise process (``sigma`` below is its VE-frame level).
+      P_mean, P_std: ``ln sigma ~ N(P_mean, P_std^2)`` (Table 1: -1.2, 1.2).
+      sigma_data: data standard deviation of the weight (Table 1: 0.5).
+      reduce: ``'mean'`` or ``'sum'`` over the data axes.
 
     Raises:
       ValueError: unless ``P_mean`` is finite, ``P_std > 0``, ``sigma_data > 0`` and
@@ -105,18 +126,29 @@ class EDMLoss(Objective):
     reduce: str = "mean"
 
     def __post_init__(self):
-        if not math.isfinite(self.P_mean):
-            raise ValueError(f"objective.P_mean must be finite; got {self.P_mean}")
-        if not self.P_std > 0:
-            raise ValueError(f"objective.P_std must be > 0; got {self.P_std}")
-        if not self.sigma_data > 0:
-            raise ValueError(f"objective.sigma_data must be > 0; got {self.sigma_data}")
-        if self.reduce not in REDUCTIONS:
-            raise ValueError(
-                f"objective.reduce must be one of {list(REDUCTIONS)}; got {self.reduce!r}"
-            )
+        inf = math.inf
+        check_real(self.P_mean, "objective.P_mean", low=-inf, high=inf, low_open=True,
+                   high_open=True)
+        check_real(self.P_std, "objective.P_std", low=0.0, low_open=True, high_open=True)
+        check_real(self.sigma_data, "objective.sigma_data", low=0.0, low_open=True,
+                   high_open=True)
+        check_choice(self.reduce, "objective.reduce", REDUCTIONS)
 
-    def per_example(self, source, x0, key):
+    def example_losses(self, source, x0, key):
+        """``lambda(sigma) reduce((source.denoiser(x_t, t) - x0)^2)`` per example.
+
+        ``sigma = exp(P_mean + P_std z)``, ``z ~ N(0, 1)``, ``t = t_of_ve_sigma(sigma)`` and
+        ``x_t = alpha(t) (x0 + sigma n)`` with ``z, n`` from each example's own key;
+        ``lambda`` is :func:`scorelib.objectives.weights.edm_weight`.
+
+        Args:
+          source: a score source; its ``denoiser`` is trained (data units).
+          x0: ``[batch, *data_shape]`` clean data (data units).
+          key: the step's PRNG key.
+
+        Returns:
+          ``(losses [batch], {"sigma": [batch]})``, ``sigma`` the VE-frame noise levels.
+        """
         p = self.process
         z, n = example_draws(key, x0, "normal")
         sigma = jnp.exp(self.P_mean + self.P_std * z)
@@ -124,4 +156,4 @@ class EDMLoss(Objective):
         alpha = broadcast_to_data(p.alpha(t), x0)
         xt = alpha * (x0 + broadcast_to_data(sigma, x0) * n)
         err = reduce_per_example((source.denoiser(xt, t) - x0) ** 2, self.reduce)
-        return edm_loss_weight(sigma, self.sigma_data) * err, {"sigma": sigma}
+        return edm_weight(ve_sigma=sigma, sigma_data=self.sigma_data) * err, {"sigma": sigma}

@@ -1,10 +1,9 @@
 """Target score matching (TSM) and DSM/TSM mixtures.
 
 De Bortoli, Hutchinson, Wirnsberger, Doucet, "Target score matching", arXiv
-2402.08667 (2024); ``shared/methods/02-target-score-matching.md``. With
-``x_t = alpha x_0 + sigma eps`` and a target whose clean score ``grad log p_0`` is
-known, two regression labels have the noisy score ``s_t(x_t)`` as their
-conditional mean (Sec. 2, the denoising and target score identities):
+2402.08667 (2024). With ``x_t = alpha x_0 + sigma eps`` and a target whose clean score
+``grad log p_0`` is known, two regression labels have the noisy score ``s_t(x_t)`` as
+their conditional mean (Sec. 2, the denoising and target score identities):
 
 * DSM label  ``u_dsm = (alpha x_0 - x_t) / sigma^2 = -eps / sigma``; its conditional
   variance grows like ``d / sigma^2`` as ``sigma -> 0``;
@@ -13,21 +12,25 @@ conditional mean (Sec. 2, the denoising and target score identities):
   at high noise (in VP, ``1 / alpha`` blows up).
 
 Any convex combination ``u = kappa u_tsm + (1 - kappa) u_dsm`` is also unbiased.
-The per-example loss is ``lambda(t) reduce((s_theta(x_t, t) - u)^2)``.
+The per-example loss is ``lambda(t) reduce((s_theta(x_t, t) - u)^2)``, with the weights
+of ``scorelib/objectives/weights.py``.
 
-``kappa`` is a function of the VE-frame noise level ``sigma_ve = sigma(t) /
-alpha(t)`` (``process.ve_sigma(t)``; equal to ``sigma(t)`` for VE and EDM), so one
-set of thresholds means the same thing under every process:
+``kappa`` is a function of the VE-frame noise level ``ve_sigma = sigma(t) / alpha(t)``
+(``process.ve_sigma(t)``; equal to ``sigma(t)`` for VE and EDM), so one set of
+thresholds means the same thing under every process:
 
 * ``'tsm'``: ``kappa = 1`` (pure TSM); ``'dsm'``: ``kappa = 0`` (pure DSM, identical
   to :class:`scorelib.objectives.DSM` with the same key and time sampling);
-* ``'switch'``: ``kappa = 1`` when ``sigma_ve < sigma_switch``, else 0;
+* ``'switch'``: ``kappa = 1`` when ``ve_sigma < sigma_switch``, else 0;
 * ``'log_linear'``: 1 below ``sigma_lo``, 0 above ``sigma_hi``, linear in
-  ``log sigma_ve`` between;
-* ``'gaussian_optimal'``: ``kappa = alpha^2 sigma_d^2 / (alpha^2 sigma_d^2 +
-  sigma^2) = sigma_d^2 / (sigma_d^2 + sigma_ve^2)``, which makes the label exactly
-  the score (zero variance) for ``p_0 = N(mu, sigma_d^2 I)`` (``methods/02`` Sec. 2.3,
-  derived there and checked in ``tests/tsm``). ``sigma_d`` defaults to the target's
+  ``log ve_sigma`` between;
+* ``'gaussian_optimal'``: ``kappa = alpha^2 sigma_d^2 / (alpha^2 sigma_d^2 + sigma^2) =
+  sigma_d^2 / (sigma_d^2 + ve_sigma^2)``, which makes the label exactly the score (zero
+  variance) for ``p_0 = N(mu, sigma_d^2 I)``: there ``u_tsm = -(x_0 - mu) / (alpha
+  sigma_d^2)`` and ``u_dsm = (alpha x_0 - x_t) / sigma^2`` are both linear in ``x_0``,
+  and this ``kappa`` cancels the ``x_0`` terms of the mixture, leaving the Gaussian
+  score ``-(x_t - alpha mu) / (alpha^2 sigma_d^2 + sigma^2)`` (checked in
+  ``tests/tsm/test_tsm_objective.py``). ``sigma_d`` defaults to the target's
   ``sigma_data``.
 """
 
@@ -37,17 +40,19 @@ import dataclasses
 import math
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 
-from scorelib.objectives.base import (
-    REDUCTIONS,
-    Objective,
-    example_draws,
-    reduce_per_example,
-    register,
+from scorelib._checks import check_choice, check_real, is_real, require
+from scorelib._pytree import static_pytree
+from scorelib.objectives.base import REDUCTIONS, Objective, example_draws, reduce_per_example
+from scorelib.objectives.dsm import check_t_range
+from scorelib.objectives.weights import (
+    DSM_WEIGHTINGS,
+    alpha2_weight,
+    dsm_weight,
+    kappa_weight,
+    relative_weight,
 )
-from scorelib.objectives.dsm import DSM, DSM_WEIGHTINGS
 from scorelib.processes.base import Process, broadcast_to_data
 
 Array = Any
@@ -59,34 +64,44 @@ WEIGHTINGS = DSM_WEIGHTINGS + ("alpha2", "relative", "kappa")
 
 def kappa_schedule(
     kind: str,
-    sigma_ve: Array,
+    ve_sigma: Array,
     *,
     sigma_switch: float = 0.1,
     sigma_lo: float = 0.01,
     sigma_hi: float = 1.0,
     sigma_d: float = 1.0,
 ) -> Array:
-    """The TSM weight ``kappa`` in [0, 1] at VE-frame noise levels ``sigma_ve`` (any shape).
+    """The TSM share ``kappa`` in [0, 1] at VE-frame noise levels ``ve_sigma`` (any shape).
 
-    See the module docstring for the kinds. Raises ``ValueError`` for an unknown kind.
+    Args:
+      kind: one of :data:`KAPPAS` (see the module docstring).
+      ve_sigma: VE-frame noise levels (data units, > 0).
+      sigma_switch: threshold of ``'switch'`` (data units).
+      sigma_lo, sigma_hi: thresholds of ``'log_linear'`` (data units, ``0 < lo < hi``).
+      sigma_d: data standard deviation of ``'gaussian_optimal'`` (data units).
+
+    Returns:
+      ``kappa`` of the shape of ``ve_sigma``.
+
+    Raises:
+      ValueError: for an unknown ``kind`` (naming ``objective.kappa``).
     """
-    sigma_ve = jnp.asarray(sigma_ve)
+    check_choice(kind, "objective.kappa", KAPPAS)
+    ve_sigma = jnp.asarray(ve_sigma)
     if kind == "tsm":
-        return jnp.ones_like(sigma_ve)
+        return jnp.ones_like(ve_sigma)
     if kind == "dsm":
-        return jnp.zeros_like(sigma_ve)
+        return jnp.zeros_like(ve_sigma)
     if kind == "switch":
-        return (sigma_ve < sigma_switch).astype(sigma_ve.dtype)
+        return (ve_sigma < sigma_switch).astype(ve_sigma.dtype)
     if kind == "log_linear":
-        frac = (math.log(sigma_hi) - jnp.log(sigma_ve)) / (math.log(sigma_hi) - math.log(sigma_lo))
+        frac = (math.log(sigma_hi) - jnp.log(ve_sigma)) / (math.log(sigma_hi) - math.log(sigma_lo))
         return jnp.clip(frac, 0.0, 1.0)
-    if kind == "gaussian_optimal":
-        sd2 = sigma_d**2
-        return sd2 / (sd2 + sigma_ve**2)
-    raise ValueError(f"objective.kappa must be one of {list(KAPPAS)}; got {kind!r}")
+    sd2 = sigma_d**2  # gaussian_optimal
+    return sd2 / (sd2 + ve_sigma**2)
 
 
-@register
+@static_pytree
 @dataclasses.dataclass(frozen=True)
 class MixedScoreMatching(Objective):
     """DSM/TSM mixture ``u = kappa u_tsm + (1 - kappa) u_dsm`` on any process.
@@ -98,31 +113,22 @@ class MixedScoreMatching(Objective):
       kappa: ``'tsm' | 'dsm' | 'switch' | 'log_linear' | 'gaussian_optimal'``.
       sigma_switch: VE-frame threshold of ``'switch'`` (TSM strictly below it).
       sigma_lo, sigma_hi: VE-frame thresholds of ``'log_linear'``, ``0 < lo < hi``.
-      sigma_d: data std of ``'gaussian_optimal'``; ``None`` -> ``target.sigma_data``.
+      sigma_d: data std of ``'gaussian_optimal'`` and ``'relative'``; ``None`` ->
+        ``target.sigma_data``.
       weighting: ``lambda(t)``: ``'sigma2'`` (``sigma(t)^2``, default), ``'likelihood'``
         (``g(t)^2``) or ``'none'`` (1), exactly as :class:`scorelib.objectives.DSM`; or
-        ``'alpha2'`` (``alpha(t)^2``), which makes pure TSM the normalised form
-        ``||alpha s_theta - grad log p_0(x_0)||^2`` (``methods/02`` Sec. 2.2) and weights
-        every noise level by the size of its score rather than of its DSM label noise
-        (equal to ``'none'`` for VE and EDM). ``'sigma2'`` suits labels whose variance
+        ``'alpha2'`` (``alpha(t)^2``), ``'relative'`` or ``'kappa'``
+        (``scorelib/objectives/weights.py``). ``'sigma2'`` suits labels whose variance
         grows like ``1/sigma^2`` (DSM); ``'alpha2'`` suits labels whose variance stays
         bounded as ``sigma -> 0`` (TSM, and the mixtures whose ``kappa -> 1`` there).
-        ``'relative'``: ``alpha^2 (sigma_d^2 + sigma_ve^2) / sigma_d^2``, the inverse of the
-        mean squared score of ``N(0, sigma_d^2 I)`` data per coordinate, so that every noise
-        level counts by its *relative* score error: ``alpha^2`` at low noise and
-        ``sigma^2 / sigma_d^2`` at high noise (EDM's weighting of the denoiser, Karras et
-        al. 2022 Table 1, written for the score, is ``sigma_ve^2`` times this).
-        ``'kappa'``: ``kappa alpha^2 + (1 - kappa) sigma^2``, each label's own weighting in
-        proportion to its share of the mixed label (``'alpha2'`` for pure TSM, ``'sigma2'``
-        for pure DSM); our choice for the mixtures, not the paper's.
       reduce: ``'mean'`` or ``'sum'`` over the data axes.
       t_range: ``(lo, hi)`` process times to sample; default ``(t_min, t_max)``.
       t_sampling: ``'uniform'`` in ``t`` (like DSM) or ``'log_sigma'``: ``log
-        sigma_ve`` uniform between ``ve_sigma(lo)`` and ``ve_sigma(hi)``, which gives
+        ve_sigma`` uniform between ``ve_sigma(lo)`` and ``ve_sigma(hi)``, which gives
         every decade of noise the same share (the low-noise regime matters here).
 
-    ``per_example(source, x0, key) -> (loss [batch], aux)`` with ``aux`` holding
-    ``t``, ``sigma_ve`` and ``kappa`` (each ``[batch]``).
+    ``example_losses(source, x0, key) -> (losses [batch], aux)`` with ``aux`` holding
+    ``t``, ``ve_sigma`` and ``kappa`` (each ``[batch]``).
 
     Raises:
       ValueError: naming the field, for an unknown ``kappa``/``weighting``/
@@ -143,56 +149,45 @@ class MixedScoreMatching(Objective):
     t_sampling: str = "uniform"
 
     def __post_init__(self):
-        if self.kappa not in KAPPAS:
-            raise ValueError(f"objective.kappa must be one of {list(KAPPAS)}; got {self.kappa!r}")
-        if self.target is None or not hasattr(self.target, "score"):
-            raise ValueError(f"objective.target must be a target with a score; got {self.target!r}")
+        check_choice(self.kappa, "objective.kappa", KAPPAS)
+        require(
+            self.target is not None and hasattr(self.target, "score"),
+            "objective.target",
+            "a target with a score",
+            self.target,
+        )
         for f in ("sigma_switch", "sigma_lo", "sigma_hi"):
-            v = getattr(self, f)
-            if not (isinstance(v, (int, float)) and v > 0):
-                raise ValueError(f"objective.{f} must be a number > 0; got {v!r}")
-            object.__setattr__(self, f, float(v))
+            v = check_real(getattr(self, f), f"objective.{f}", low=0.0, low_open=True)
+            object.__setattr__(self, f, v)
         if not self.sigma_lo < self.sigma_hi:
             raise ValueError(
                 "objective.sigma_lo must be < objective.sigma_hi; got "
                 f"{self.sigma_lo} >= {self.sigma_hi}"
             )
         if self.sigma_d is not None:
-            if not (isinstance(self.sigma_d, (int, float)) and self.sigma_d > 0):
-                raise ValueError(f"objective.sigma_d must be > 0 or null; got {self.sigma_d!r}")
+            require(
+                is_real(self.sigma_d) and self.sigma_d > 0,
+                "objective.sigma_d",
+                "> 0 or null",
+                self.sigma_d,
+            )
             object.__setattr__(self, "sigma_d", float(self.sigma_d))
-        if self.weighting not in WEIGHTINGS:
-            raise ValueError(
-                f"objective.weighting must be one of {list(WEIGHTINGS)}; got {self.weighting!r}"
-            )
-        if self.reduce not in REDUCTIONS:
-            raise ValueError(
-                f"objective.reduce must be one of {list(REDUCTIONS)}; got {self.reduce!r}"
-            )
-        if self.t_sampling not in T_SAMPLINGS:
-            raise ValueError(
-                f"objective.t_sampling must be one of {list(T_SAMPLINGS)}; got {self.t_sampling!r}"
-            )
-        if self.t_range is not None:
-            lo, hi = (float(v) for v in self.t_range)
-            if not (self.process.t_min <= lo <= hi <= self.process.t_max):
-                raise ValueError(
-                    f"objective.t_range must satisfy {self.process.t_min} <= lo <= hi <= "
-                    f"{self.process.t_max}; got {tuple(self.t_range)}"
-                )
-            object.__setattr__(self, "t_range", (lo, hi))
+        check_choice(self.weighting, "objective.weighting", WEIGHTINGS)
+        check_choice(self.reduce, "objective.reduce", REDUCTIONS)
+        check_choice(self.t_sampling, "objective.t_sampling", T_SAMPLINGS)
+        object.__setattr__(self, "t_range", check_t_range(self.t_range, self.process))
 
     # --- pieces ----------------------------------------------------------------
     @property
     def data_std(self) -> float:
-        """``sigma_d`` used by ``'gaussian_optimal'``."""
+        """``sigma_d`` (data units) used by ``'gaussian_optimal'`` and ``'relative'``."""
         return self.sigma_d if self.sigma_d is not None else float(self.target.sigma_data)
 
-    def kappa_of(self, sigma_ve: Array) -> Array:
-        """``kappa`` at VE-frame noise levels (any shape)."""
+    def kappa_of(self, ve_sigma: Array) -> Array:
+        """``kappa`` at VE-frame noise levels ``ve_sigma`` (any shape; data units)."""
         return kappa_schedule(
             self.kappa,
-            sigma_ve,
+            ve_sigma,
             sigma_switch=self.sigma_switch,
             sigma_lo=self.sigma_lo,
             sigma_hi=self.sigma_hi,
@@ -200,20 +195,23 @@ class MixedScoreMatching(Objective):
         )
 
     def weight(self, t: Array) -> Array:
-        """``lambda(t)``: ``[batch]`` (DSM's weightings, and ``alpha(t)^2``)."""
+        """``lambda(t)`` at ``t: [batch]``: ``[batch]`` (``scorelib/objectives/weights.py``)."""
+        p = self.process
         if self.weighting == "alpha2":
-            return self.process.alpha(t) ** 2
+            return alpha2_weight(process=p, t=t)
         if self.weighting == "kappa":
-            k = self.kappa_of(self.process.ve_sigma(t))
-            return k * self.process.alpha(t) ** 2 + (1.0 - k) * self.process.sigma(t) ** 2
+            return kappa_weight(process=p, t=t, kappa=self.kappa_of(p.ve_sigma(t)))
         if self.weighting == "relative":
-            sd2 = self.data_std**2
-            return self.process.alpha(t) ** 2 * (sd2 + self.process.ve_sigma(t) ** 2) / sd2
-        return DSM(self.process, weighting=self.weighting).weight(t)
+            return relative_weight(process=p, t=t, sigma_d=self.data_std)
+        return dsm_weight(self.weighting, process=p, t=t)
 
     def times(self, u: Array) -> Array:
-        """Training times ``[batch]`` from uniforms ``u: [batch]`` in [0, 1), per
-        ``t_range`` and ``t_sampling`` (uniform in t, or log-uniform in VE-frame sigma)."""
+        """Training times ``[batch]`` from uniforms ``u: [batch]`` in [0, 1).
+
+        ``t_sampling='uniform'``: ``t = lo + (hi - lo) u``; ``'log_sigma'``: ``log
+        ve_sigma(t)`` uniform between ``log ve_sigma(lo)`` and ``log ve_sigma(hi)``
+        (clipped to ``[lo, hi]`` against rounding), with ``(lo, hi) = t_range``.
+        """
         p = self.process
         lo, hi = self.t_range if self.t_range is not None else (p.t_min, p.t_max)
         if self.t_sampling == "uniform":
@@ -223,23 +221,21 @@ class MixedScoreMatching(Objective):
         t = p.t_of_ve_sigma(jnp.exp(log_lo + u * (log_hi - log_lo)))
         return jnp.clip(t, lo, hi).astype(u.dtype)
 
-    def sample_t(self, key: jax.Array, batch: int, dtype=jnp.float32) -> Array:
-        """``batch`` training times from one key (see :meth:`times`)."""
-        return self.times(jax.random.uniform(key, (batch,), dtype=dtype))
-
     def labels(self, x0: Array, t: Array, eps: Array) -> dict[str, Array]:
         """The regression labels at given ``x0: [b, d]``, ``t: [b]``, ``eps: [b, d]``.
 
-        Returns a dict with ``xt``, ``u_dsm = -eps / sigma``, ``u_tsm = score_p0(x0) /
-        alpha``, ``kappa [b]``, ``sigma_ve [b]`` and the mixed label
-        ``u = kappa u_tsm + (1 - kappa) u_dsm`` (arrays ``[b, d]`` unless noted).
+        Returns a dict with ``xt = alpha x0 + sigma eps``, ``u_dsm = -eps / sigma``,
+        ``u_tsm = score_p0(x0) / alpha`` (zeros for ``kappa='dsm'``, where the target
+        score is never evaluated), ``kappa [b]``, ``ve_sigma [b]`` and the mixed label
+        ``u = kappa u_tsm + (1 - kappa) u_dsm`` (arrays ``[b, d]`` unless noted; labels
+        in units of 1 / data). De Bortoli et al. 2024, Sec. 2.
         """
         p = self.process
         xt = p.marginal_sample(x0, t, eps)
         alpha = broadcast_to_data(p.alpha(t), x0)
         sigma = broadcast_to_data(p.sigma(t), x0)
-        sigma_ve = p.ve_sigma(t)
-        kappa = self.kappa_of(sigma_ve)
+        ve_sigma = p.ve_sigma(t)
+        kappa = self.kappa_of(ve_sigma)
         k = broadcast_to_data(kappa, x0)
         u_dsm = -eps / sigma
         if self.kappa == "dsm":  # never touch the target score (it may be expensive or absent)
@@ -254,25 +250,29 @@ class MixedScoreMatching(Objective):
             "u_tsm": u_tsm,
             "u": u,
             "kappa": kappa,
-            "sigma_ve": sigma_ve,
+            "ve_sigma": ve_sigma,
         }
 
-    def per_example(self, source, x0, key):
-        """``lambda(t) reduce((source.score(x_t, t) - u)^2)``: ``([batch], aux)``.
+    def example_losses(self, source, x0, key):
+        """``lambda(t) reduce((source.score(x_t, t) - u)^2)`` per example.
 
         Args:
           source: a score source (e.g. a ``NetworkScore`` being trained).
-          x0: ``[batch, d]`` clean samples of the target.
-          key: PRNG key; per-example draws as in :class:`DSM` (``example_draws``).
+          x0: ``[batch, d]`` clean samples of the target (data units).
+          key: the step's PRNG key; per-example draws as in :class:`DSM`
+            (:func:`scorelib.objectives.example_draws`).
+
+        Returns:
+          ``(losses [batch], {"t", "ve_sigma", "kappa"})`` (each ``[batch]``).
         """
         u, eps = example_draws(key, x0, "uniform")
         t = self.times(u)
         lab = self.labels(x0, t, eps)
         err = reduce_per_example((source.score(lab["xt"], t) - lab["u"]) ** 2, self.reduce)
-        return self.weight(t) * err, {"t": t, "sigma_ve": lab["sigma_ve"], "kappa": lab["kappa"]}
+        return self.weight(t) * err, {"t": t, "ve_sigma": lab["ve_sigma"], "kappa": lab["kappa"]}
 
 
-@register
+@static_pytree
 @dataclasses.dataclass(frozen=True)
 class TSM(MixedScoreMatching):
     """Pure target score matching: :class:`MixedScoreMatching` with ``kappa='tsm'``.
@@ -284,10 +284,12 @@ class TSM(MixedScoreMatching):
     kappa: str = "tsm"
 
     def __post_init__(self):
-        if self.kappa != "tsm":
-            raise ValueError(
-                f"objective.kappa of TSM must be 'tsm'; got {self.kappa!r} (use MixedScoreMatching)"
-            )
+        require(
+            self.kappa == "tsm",
+            "objective.kappa of TSM",
+            "'tsm' (use MixedScoreMatching for the others)",
+            self.kappa,
+        )
         super().__post_init__()
 
 
@@ -297,7 +299,7 @@ def label_residuals(objective: MixedScoreMatching, truth, x0: Array, t: Array, e
     Since ``E[u | x_t] = s_t(x_t)`` for every label, the mean of ``||u - s_t(x_t)||^2``
     over ``(x_0, eps)`` is the conditional label variance ``E_{x_t} tr Cov[u | x_t]``:
     the part of the loss no model can remove, and the noise in its gradient
-    (De Bortoli et al. 2024, Sec. 2; ``methods/02`` Sec. 2.2).
+    (De Bortoli et al. 2024, Sec. 2).
 
     Args:
       objective: a :class:`MixedScoreMatching` (its ``kappa`` gives ``u``).
@@ -307,7 +309,7 @@ def label_residuals(objective: MixedScoreMatching, truth, x0: Array, t: Array, e
 
     Returns:
       ``{"u", "u_dsm", "u_tsm"}`` -> ``[b]`` squared Euclidean norms (summed over the data
-      axes, so DSM's grows like ``d / sigma_ve^2`` at low noise).
+      axes, so DSM's grows like ``d / ve_sigma^2`` at low noise; units of 1 / data^2).
     """
     lab = objective.labels(x0, t, eps)
     s = truth.score(lab["xt"], t)

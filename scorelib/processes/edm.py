@@ -6,15 +6,18 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from scorelib.processes.base import Process, _finite_floats, _require, register
+from scorelib._checks import require
+from scorelib._pytree import static_pytree
+from scorelib.processes.base import Process, _finite_floats
 
 
-@register
+@static_pytree
 @dataclasses.dataclass(frozen=True)
 class EDM(Process):
-    """``x_t = x_0 + t eps``, ``t`` in ``[sigma_min, sigma_max]``.
+    """``x_t = x_0 + t eps``, ``t`` in ``[sigma_min, sigma_max]`` (time is the noise level).
 
-    Forward SDE: ``dx = sqrt(2 t) dw`` (so that ``d sigma^2 / dt = 2 t``).
+    Forward SDE: ``dx = sqrt(2 t) dw`` (so that ``d sigma^2 / dt = 2 t``; Karras et al.
+    2022, eq. 6 with ``s(t) = 1``, ``sigma(t) = t``). Prior ``N(0, sigma_max^2 I)``.
 
     Raises:
       ValueError: naming the field, unless all fields are finite reals with
@@ -26,8 +29,8 @@ class EDM(Process):
 
     def __post_init__(self):
         _finite_floats(self, "sigma_min", "sigma_max")
-        _require(self.sigma_min > 0, "process.sigma_min", "> 0", self.sigma_min)
-        _require(
+        require(self.sigma_min > 0, "process.sigma_min", "> 0", self.sigma_min)
+        require(
             self.sigma_max > self.sigma_min,
             "process.sigma_max",
             f"> process.sigma_min = {self.sigma_min}",
@@ -36,38 +39,50 @@ class EDM(Process):
 
     @property
     def t_min(self) -> float:
+        """``sigma_min``."""
         return self.sigma_min
 
     @property
     def t_max(self) -> float:
+        """``sigma_max``."""
         return self.sigma_max
 
     def alpha(self, t):
+        """``alpha(t) = 1``; same shape as ``t``."""
         return jnp.ones_like(jnp.asarray(t, dtype=jnp.result_type(t, jnp.float32)))
 
     def sigma(self, t):
+        """``sigma(t) = t`` (data units); same shape as ``t``."""
         return jnp.asarray(t, dtype=jnp.result_type(t, jnp.float32))
 
     def log_snr(self, t):
+        """``-2 log t``; same shape as ``t``."""
         return -2.0 * jnp.log(self.sigma(t))
 
     def t_of_log_snr(self, log_snr):
+        """``t = exp(-log_snr / 2)``; same shape as ``log_snr``."""
         return jnp.exp(-0.5 * log_snr)
 
     def t_of_sigma(self, sigma):
+        """``t = sigma``; same shape as ``sigma``."""
         return jnp.asarray(sigma, dtype=jnp.result_type(sigma, jnp.float32))
 
     def ve_sigma(self, t):
+        """``sigma(t) = t`` (the process is already in the VE frame)."""
         return self.sigma(t)
 
     def t_of_ve_sigma(self, ve_sigma):
+        """``t = ve_sigma``."""
         return self.t_of_sigma(ve_sigma)
 
-    def sde(self, x, t):
-        from scorelib.processes.base import broadcast_to_data
+    def f(self, t):
+        """``f(t) = 0`` (``alpha = 1``); same shape as ``t``."""
+        return jnp.zeros_like(self.sigma(t))
 
-        g = jnp.sqrt(2.0 * self.sigma(t))
-        return jnp.zeros_like(x), broadcast_to_data(g, x)
+    def g2(self, t):
+        """``g(t)^2 = d t^2 / dt = 2 t``; same shape as ``t``."""
+        return 2.0 * self.sigma(t)
 
     def prior_std(self) -> float:
+        """``sigma_max``."""
         return float(self.sigma_max)

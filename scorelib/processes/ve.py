@@ -7,16 +7,19 @@ import math
 
 import jax.numpy as jnp
 
-from scorelib.processes.base import Process, _finite_floats, _require, broadcast_to_data, register
+from scorelib._checks import require
+from scorelib._pytree import static_pytree
+from scorelib.processes.base import Process, _finite_floats
 
 
-@register
+@static_pytree
 @dataclasses.dataclass(frozen=True)
 class VE(Process):
     """``x_t = x_0 + sigma(t) eps``, ``sigma(t) = sigma_min (sigma_max / sigma_min)^t``.
 
     ``t`` in ``[eps, 1]``. Forward SDE ``dx = sigma(t) sqrt(2 ln(sigma_max/sigma_min)) dw``,
-    so that ``d sigma(t)^2 / dt = g(t)^2``.
+    so that ``d sigma(t)^2 / dt = g(t)^2`` (Song et al. 2021, eq. 30). Prior
+    ``N(0, sigma_max^2 I)``.
 
     Raises:
       ValueError: naming the field, unless all fields are finite reals with
@@ -29,21 +32,23 @@ class VE(Process):
 
     def __post_init__(self):
         _finite_floats(self, "sigma_min", "sigma_max", "eps")
-        _require(self.sigma_min > 0, "process.sigma_min", "> 0", self.sigma_min)
-        _require(
+        require(self.sigma_min > 0, "process.sigma_min", "> 0", self.sigma_min)
+        require(
             self.sigma_max > self.sigma_min,
             "process.sigma_max",
             f"> process.sigma_min = {self.sigma_min}",
             self.sigma_max,
         )
-        _require(0 <= self.eps < 1, "process.eps", "in [0, 1)", self.eps)
+        require(0 <= self.eps < 1, "process.eps", "in [0, 1)", self.eps)
 
     @property
     def t_min(self) -> float:
+        """``eps``."""
         return self.eps
 
     @property
     def t_max(self) -> float:
+        """1."""
         return 1.0
 
     @property
@@ -51,29 +56,41 @@ class VE(Process):
         return math.log(self.sigma_max / self.sigma_min)
 
     def alpha(self, t):
+        """``alpha(t) = 1``; same shape as ``t``."""
         return jnp.ones_like(jnp.asarray(t, dtype=jnp.result_type(t, jnp.float32)))
 
     def sigma(self, t):
+        """``sigma_min (sigma_max / sigma_min)^t`` (data units); same shape as ``t``."""
         return self.sigma_min * jnp.exp(jnp.asarray(t) * self._log_ratio)
 
     def log_snr(self, t):
+        """``-2 log sigma(t)``, linear in ``t``; same shape as ``t``."""
         return -2.0 * (math.log(self.sigma_min) + jnp.asarray(t) * self._log_ratio)
 
     def t_of_log_snr(self, log_snr):
+        """Inverse of :meth:`log_snr`; same shape as ``log_snr``."""
         return (-0.5 * jnp.asarray(log_snr) - math.log(self.sigma_min)) / self._log_ratio
 
     def t_of_sigma(self, sigma):
+        """``log(sigma / sigma_min) / log(sigma_max / sigma_min)``; same shape as ``sigma``."""
         return (jnp.log(sigma) - math.log(self.sigma_min)) / self._log_ratio
 
     def ve_sigma(self, t):
+        """``sigma(t)`` (the process is already in the VE frame)."""
         return self.sigma(t)
 
     def t_of_ve_sigma(self, ve_sigma):
+        """Inverse of :meth:`ve_sigma` (= :meth:`t_of_sigma`)."""
         return self.t_of_sigma(ve_sigma)
 
-    def sde(self, x, t):
-        g = self.sigma(t) * math.sqrt(2.0 * self._log_ratio)
-        return jnp.zeros_like(x), broadcast_to_data(g, x)
+    def f(self, t):
+        """``f(t) = 0`` (``alpha = 1``); same shape as ``t``."""
+        return jnp.zeros_like(self.sigma(t))
+
+    def g2(self, t):
+        """``g(t)^2 = d sigma(t)^2 / dt = 2 ln(sigma_max / sigma_min) sigma(t)^2``."""
+        return 2.0 * self._log_ratio * self.sigma(t) ** 2
 
     def prior_std(self) -> float:
+        """``sigma_max``."""
         return float(self.sigma_max)

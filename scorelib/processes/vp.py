@@ -2,6 +2,7 @@
 
 Song et al., ICLR 2021, eqs. 32-33 (VP) and 34 (sub-VP); the log mean coefficient is
 ``m(t) = -t^2 (beta_max - beta_min) / 4 - t beta_min / 2`` so that ``alpha(t) = exp(m(t))``.
+Both share ``f(t) = m'(t) = -beta(t) / 2``; they differ in ``sigma(t)`` and ``g(t)^2``.
 """
 
 from __future__ import annotations
@@ -11,40 +12,47 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from scorelib.processes.base import Process, _finite_floats, _require, broadcast_to_data, register
+from scorelib._checks import require
+from scorelib._pytree import static_pytree
+from scorelib.processes.base import Process, _finite_floats
 
 
 @dataclasses.dataclass(frozen=True)
 class _LinearBeta(Process):
+    """``beta(t) = beta_min + t (beta_max - beta_min)``, ``alpha(t) = exp(m(t))``, ``t`` in
+    ``[eps, 1]``; shared by :class:`VP` and :class:`SubVP`."""
+
     beta_min: float = 0.1
     beta_max: float = 20.0
     eps: float = 1e-3
 
     def __post_init__(self):
         _finite_floats(self, "beta_min", "beta_max", "eps")
-        _require(self.beta_min > 0, "process.beta_min", "> 0", self.beta_min)
-        _require(
+        require(self.beta_min > 0, "process.beta_min", "> 0", self.beta_min)
+        require(
             self.beta_max >= self.beta_min,
             "process.beta_max",
             f">= process.beta_min = {self.beta_min}",
             self.beta_max,
         )
-        _require(0 <= self.eps < 1, "process.eps", "in [0, 1)", self.eps)
+        require(0 <= self.eps < 1, "process.eps", "in [0, 1)", self.eps)
 
     @property
     def t_min(self) -> float:
+        """``eps``."""
         return self.eps
 
     @property
     def t_max(self) -> float:
+        """1."""
         return 1.0
 
     def beta(self, t):
-        """``beta(t) = beta_min + t (beta_max - beta_min)``."""
+        """``beta(t) = beta_min + t (beta_max - beta_min)`` (1 / time units); shape of ``t``."""
         return self.beta_min + jnp.asarray(t) * (self.beta_max - self.beta_min)
 
     def log_mean_coeff(self, t):
-        """``m(t) = log alpha(t)``."""
+        """``m(t) = log alpha(t) = -t^2 (beta_max - beta_min) / 4 - t beta_min / 2``."""
         t = jnp.asarray(t)
         return -0.25 * t**2 * (self.beta_max - self.beta_min) - 0.5 * t * self.beta_min
 
@@ -54,15 +62,25 @@ class _LinearBeta(Process):
         return -2.0 * m / (0.5 * self.beta_min + jnp.sqrt(0.25 * self.beta_min**2 - db * m))
 
     def alpha(self, t):
+        """``alpha(t) = exp(m(t))``; same shape as ``t``."""
         return jnp.exp(self.log_mean_coeff(t))
 
+    def f(self, t):
+        """``f(t) = d m / dt = -beta(t) / 2``; same shape as ``t``."""
+        return -0.5 * self.beta(t)
 
-@register
+    def prior_std(self) -> float:
+        """1 (the prior is ``N(0, I)``)."""
+        return 1.0
+
+
+@static_pytree
 @dataclasses.dataclass(frozen=True)
 class VP(_LinearBeta):
     """``alpha(t) = exp(m(t))``, ``sigma(t) = sqrt(1 - alpha(t)^2)``, ``t`` in ``[eps, 1]``.
 
-    Forward SDE ``dx = -beta(t) x / 2 dt + sqrt(beta(t)) dw``; prior N(0, I).
+    Forward SDE ``dx = -beta(t) x / 2 dt + sqrt(beta(t)) dw`` (Song et al. 2021, eq. 32);
+    prior N(0, I).
 
     Raises:
       ValueError: naming the field, unless all fields are finite reals with
@@ -70,33 +88,35 @@ class VP(_LinearBeta):
     """
 
     def sigma(self, t):
+        """``sqrt(1 - exp(2 m(t)))`` by ``expm1`` (accurate at small ``t``); shape of ``t``."""
         return jnp.sqrt(-jnp.expm1(2.0 * self.log_mean_coeff(t)))
 
     def log_snr(self, t):
+        """``2 m - log(1 - exp(2 m))``; same shape as ``t``."""
         two_m = 2.0 * self.log_mean_coeff(t)
         return two_m - jnp.log(-jnp.expm1(two_m))
 
     def t_of_log_snr(self, log_snr):
+        """Inverse of :meth:`log_snr`: ``2 m = -softplus(-log_snr)``, then the root in ``t``."""
         # exp(-lambda) = exp(-2m) - 1  =>  2m = -softplus(-lambda)
         return self._t_of_m(-0.5 * jax.nn.softplus(-jnp.asarray(log_snr)))
 
     def t_of_sigma(self, sigma):
+        """Inverse of :meth:`sigma` (``0 <= sigma < 1``): ``m = log(1 - sigma^2) / 2``."""
         return self._t_of_m(0.5 * jnp.log1p(-(jnp.asarray(sigma) ** 2)))
 
-    def sde(self, x, t):
-        beta = broadcast_to_data(self.beta(t), x)
-        return -0.5 * beta * x, jnp.sqrt(beta)
-
-    def prior_std(self) -> float:
-        return 1.0
+    def g2(self, t):
+        """``g(t)^2 = beta(t)``; same shape as ``t``."""
+        return self.beta(t)
 
 
-@register
+@static_pytree
 @dataclasses.dataclass(frozen=True)
 class SubVP(_LinearBeta):
     """``alpha(t) = exp(m(t))``, ``sigma(t) = 1 - alpha(t)^2``, ``t`` in ``[eps, 1]``.
 
-    Forward SDE ``dx = -beta(t) x / 2 dt + sqrt(beta(t) (1 - exp(4 m(t)))) dw``; prior N(0, I).
+    Forward SDE ``dx = -beta(t) x / 2 dt + sqrt(beta(t) (1 - exp(4 m(t)))) dw`` (Song et al.
+    2021, eq. 34); prior N(0, I).
 
     Raises:
       ValueError: naming the field, unless all fields are finite reals with
@@ -104,23 +124,23 @@ class SubVP(_LinearBeta):
     """
 
     def sigma(self, t):
+        """``1 - exp(2 m(t))`` by ``expm1``; same shape as ``t``."""
         return -jnp.expm1(2.0 * self.log_mean_coeff(t))
 
     def log_snr(self, t):
+        """``2 m - 2 log(1 - exp(2 m))``; same shape as ``t``."""
         m = self.log_mean_coeff(t)
         return 2.0 * m - 2.0 * jnp.log(-jnp.expm1(2.0 * m))
 
     def t_of_log_snr(self, log_snr):
+        """Inverse of :meth:`log_snr` via ``sigma / alpha = 2 sinh(-m)``."""
         # sigma/alpha = exp(-m) - exp(m) = 2 sinh(-m)
         return self._t_of_m(-jnp.arcsinh(0.5 * jnp.exp(-0.5 * jnp.asarray(log_snr))))
 
     def t_of_sigma(self, sigma):
+        """Inverse of :meth:`sigma` (``0 <= sigma < 1``): ``m = log(1 - sigma) / 2``."""
         return self._t_of_m(0.5 * jnp.log1p(-jnp.asarray(sigma)))
 
-    def sde(self, x, t):
-        beta = self.beta(t)
-        g = jnp.sqrt(beta * -jnp.expm1(4.0 * self.log_mean_coeff(t)))
-        return -0.5 * broadcast_to_data(beta, x) * x, broadcast_to_data(g, x)
-
-    def prior_std(self) -> float:
-        return 1.0
+    def g2(self, t):
+        """``g(t)^2 = beta(t) (1 - exp(4 m(t)))``; same shape as ``t``."""
+        return self.beta(t) * -jnp.expm1(4.0 * self.log_mean_coeff(t))

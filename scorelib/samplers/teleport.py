@@ -41,8 +41,7 @@ import numpy as np
 
 from scorelib.samplers import _common as C
 from scorelib.samplers.sde import annealed_langevin, euler_maruyama, pc
-from scorelib.scores.gaussian import GaussianScore
-from scorelib.scores.gaussian_fit import gaussian_flow, gaussian_marginal_sample
+from scorelib.scores.gaussian import GaussianScore, gaussian_flow, gaussian_marginal_sample
 
 Array = Any
 

@@ -1,14 +1,15 @@
-"""Score sources: one interface for ``score(x, t)`` and ``denoiser(x, t)``."""
+"""Score sources: one interface for ``score(x, t)`` and ``denoiser(x, t)``.
+
+Every source of a score lives here: analytic ones (Gaussian, Gaussian mixture, the
+training set's empirical score, the many-well quadrature), a trained network, and the
+closed-form Gaussian probability-flow ODE beside the Gaussian source.
+"""
 
 from scorelib.scores.base import ScoreSource, denoiser_from_score, score_from_denoiser
 from scorelib.scores.empirical import EmpiricalScore
-from scorelib.scores.gaussian import GaussianScore
-from scorelib.scores.gaussian_fit import (
-    fit_gaussian,
-    fit_kmeans_mixture,
-    gaussian_flow,
-    gaussian_marginal_sample,
-)
+from scorelib.scores.gaussian import GaussianScore, gaussian_flow, gaussian_marginal_sample
+from scorelib.scores.gaussian_fit import fit_gaussian, fit_kmeans_mixture
+from scorelib.scores.manywell import ManyWellNoisyScore
 from scorelib.scores.mixture import MixtureScore
 from scorelib.scores.network import NetworkScore, preconditioned_denoiser
 
@@ -17,6 +18,7 @@ __all__ = [
     "GaussianScore",
     "MixtureScore",
     "EmpiricalScore",
+    "ManyWellNoisyScore",
     "fit_gaussian",
     "fit_kmeans_mixture",
     "gaussian_flow",

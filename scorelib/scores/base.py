@@ -31,7 +31,9 @@ def check_time_shape(x: Array, t: Array) -> None:
 
 
 def score_from_denoiser(process: Process, x: Array, t: Array, denoised: Array) -> Array:
-    """Tweedie: ``score = (alpha(t) D - x) / sigma(t)^2``.
+    """Tweedie: ``score = (alpha(t) D - x) / sigma(t)^2`` (Efron, "Tweedie's formula and
+    selection bias", JASA 2011, Sec. 2, with a scaled mean; Karras et al. 2022, eq. 3 for
+    ``alpha = 1``).
 
     Args:
       process: the noise process.
@@ -41,6 +43,9 @@ def score_from_denoiser(process: Process, x: Array, t: Array, denoised: Array) -
 
     Returns:
       ``[batch, *data_shape]``, the score in units of 1/data.
+
+    Raises:
+      ValueError: if ``t`` is neither a scalar nor ``[batch]``.
     """
     a = broadcast_to_data(process.alpha(t), x)
     s = broadcast_to_data(process.sigma(t), x)
@@ -48,9 +53,9 @@ def score_from_denoiser(process: Process, x: Array, t: Array, denoised: Array) -
 
 
 def denoiser_from_score(process: Process, x: Array, t: Array, score: Array) -> Array:
-    """Tweedie: ``D = (x + sigma(t)^2 score) / alpha(t)``.
+    """Tweedie: ``D = (x + sigma(t)^2 score) / alpha(t)`` (data units).
 
-    Shapes as in :func:`score_from_denoiser`.
+    The inverse of :func:`score_from_denoiser`; shapes, source and errors as there.
     """
     a = broadcast_to_data(process.alpha(t), x)
     s = broadcast_to_data(process.sigma(t), x)
@@ -69,7 +74,13 @@ class ScoreSource(struct.PyTreeNode):
     process: Process = struct.field(pytree_node=False)
 
     def denoiser(self, x: Array, t: Array) -> Array:
-        """Posterior mean ``E[x_0 | x_t = x]`` in data units."""
+        """Posterior mean ``E[x_0 | x_t = x]`` in data units; shape of ``x``.
+
+        Default: Tweedie from :meth:`score` (:func:`denoiser_from_score`).
+
+        Raises:
+          NotImplementedError: if the subclass implements neither method.
+        """
         if type(self).score is ScoreSource.score:
             raise NotImplementedError(
                 f"{type(self).__name__} implements neither score nor denoiser"
@@ -77,7 +88,13 @@ class ScoreSource(struct.PyTreeNode):
         return denoiser_from_score(self.process, x, t, self.score(x, t))
 
     def score(self, x: Array, t: Array) -> Array:
-        """``grad_x log p_t(x)`` in units of 1/data."""
+        """``grad_x log p_t(x)`` in units of 1/data; shape of ``x``.
+
+        Default: Tweedie from :meth:`denoiser` (:func:`score_from_denoiser`).
+
+        Raises:
+          NotImplementedError: if the subclass implements neither method.
+        """
         if type(self).denoiser is ScoreSource.denoiser:
             raise NotImplementedError(
                 f"{type(self).__name__} implements neither score nor denoiser"

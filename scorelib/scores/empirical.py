@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from scorelib._checks import check_int
 from scorelib.processes.base import Process, broadcast_to_data
 from scorelib.scores.base import ScoreSource, check_time_shape, flatten
 
@@ -66,8 +67,7 @@ class EmpiricalScore(ScoreSource):
             raise ValueError(f"data must have shape [n >= 1, *data_shape]; got {x.shape}")
         if not np.all(np.isfinite(x)):
             raise ValueError("data must be finite")
-        if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
-            raise ValueError(f"chunk must be an integer >= 1; got {chunk!r}")
+        check_int(chunk, "chunk", low=1)
         n = x.shape[0]
         chunk = int(min(chunk, n))
         n_pad = -(-n // chunk) * chunk
@@ -113,7 +113,11 @@ class EmpiricalScore(ScoreSource):
     def denoiser(self, x, t):
         """``sum_i softmax_i(-||x/alpha - x_i||^2 / (2 ve_sigma^2)) x_i``; shape of ``x``.
 
-        ``t`` must give ``ve_sigma > 0``.
+        Karras et al. 2022, App. B.3 (the ideal denoiser). ``x: [batch, *data_shape]``;
+        ``t`` a scalar or ``[batch]`` with ``ve_sigma(t) > 0``.
+
+        Raises:
+          ValueError: if ``t`` is neither a scalar nor ``[batch]``.
         """
         _, l, acc = self._softmax_stats(x, t)
         return jnp.reshape(acc / l[:, None], x.shape)

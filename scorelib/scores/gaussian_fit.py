@@ -1,20 +1,11 @@
-"""Gaussian (and k-means Gaussian-mixture) fits of a data set, and the closed-form
-probability-flow ODE of Gaussian data.
+"""Fits of a data set: a Gaussian (full or low rank) and a k-means Gaussian mixture.
 
 Wang & Vastola, "The unreasonable effectiveness of Gaussian score approximation for
-diffusion models and its applications", TMLR 2024 (arXiv 2311.10892 / 2412.09726):
-
-* Sec. 3, eqs. 4-5: for data ``N(mu, Sigma)``, ``Sigma = U diag(lam) U^T``, the VE-frame
-  score at noise level ``sigma`` is ``-(Sigma + sigma^2 I)^{-1} (x - mu)`` and the denoiser
-  is the Wiener filter ``mu + U diag(lam / (lam + sigma^2)) U^T (x - mu)``
-  (:class:`scorelib.scores.GaussianScore` implements both, for every process).
-* Sec. 4, eq. 8: the probability-flow ODE ``dx/dsigma = (x - D(x; sigma)) / sigma``
-  decouples in the eigenbasis into ``dc_k / dsigma = sigma c_k / (lam_k + sigma^2)``, so
-  ``c_k(sigma) = sqrt((sigma^2 + lam_k) / (sigma_T^2 + lam_k)) c_k(sigma_T)``.
-
-Everything here works in the VE frame ``x / alpha(t)`` at ``ve_sigma = sigma(t) / alpha(t)``
-(Karras et al. 2022, eq. 4), so one formula serves VE, EDM, VP and sub-VP; inputs and
-outputs are in process coordinates.
+diffusion models and its applications", TMLR 2024 (arXiv 2311.10892), Secs. 3 and 5: the
+Gaussian and mixture score approximations of a trained diffusion model are the exact
+scores of these fits (:class:`scorelib.scores.GaussianScore`,
+:class:`scorelib.scores.MixtureScore`, for every process). The closed-form
+probability-flow ODE of the Gaussian lives beside it, in ``scorelib/scores/gaussian.py``.
 
 Data units: fits are made in the units of the data passed in (for images: the
 ``[-1, 1]`` scale the model is trained on), so ``mu`` and ``lam`` are directly the
@@ -29,19 +20,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scorelib.processes.base import Process, broadcast_to_data
-from scorelib.scores.base import flatten
+from scorelib._checks import check_int, check_real, is_int, require
+from scorelib.processes.base import Process
 from scorelib.scores.gaussian import GaussianScore
 from scorelib.scores.mixture import MixtureScore
 
 Array = Any
 
-__all__ = [
-    "fit_gaussian",
-    "fit_kmeans_mixture",
-    "gaussian_flow",
-    "gaussian_marginal_sample",
-]
+__all__ = ["fit_gaussian", "fit_kmeans_mixture"]
 
 
 def _as_matrix(data) -> tuple[np.ndarray, tuple]:
@@ -89,12 +75,13 @@ def fit_gaussian(process: Process, data, rank: int | None = None, *, ddof: int =
     """
     x, data_shape = _as_matrix(data)
     n, d = x.shape
-    if isinstance(ddof, bool) or not isinstance(ddof, (int, np.integer)) or not 0 <= ddof < n:
-        raise ValueError(f"ddof must be an integer in [0, n = {n}); got {ddof!r}")
-    if rank is not None and (
-        isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 1 <= rank <= d
-    ):
-        raise ValueError(f"rank must be None or an integer in [1, d = {d}]; got {rank!r}")
+    require(is_int(ddof) and 0 <= ddof < n, "ddof", f"an integer in [0, n = {n})", ddof)
+    require(
+        rank is None or (is_int(rank) and 1 <= rank <= d),
+        "rank",
+        f"None or an integer in [1, d = {d}]",
+        rank,
+    )
     mean = x.mean(axis=0)
     xc = x - mean
     denom = float(n - ddof)
@@ -159,12 +146,8 @@ def fit_kmeans_mixture(process: Process, data, n_components: int = 10, *, ridge:
 
     x, data_shape = _as_matrix(data)
     n, d = x.shape
-    if isinstance(n_components, bool) or not isinstance(n_components, (int, np.integer)) or (
-        not 1 <= n_components <= n
-    ):
-        raise ValueError(f"n_components must be an integer in [1, n = {n}]; got {n_components!r}")
-    if not (np.isfinite(ridge) and ridge >= 0):
-        raise ValueError(f"ridge must be a finite number >= 0; got {ridge!r}")
+    check_int(n_components, "n_components", low=1, high=n)
+    check_real(ridge, "ridge", low=0.0, high_open=True)
     labels = KMeans(n_clusters=int(n_components), n_init=10, random_state=seed).fit_predict(x)
     weights, means, covs = [], [], []
     for k in range(int(n_components)):
@@ -178,98 +161,3 @@ def fit_kmeans_mixture(process: Process, data, n_components: int = 10, *, ridge:
         covs.append(c + ridge * np.eye(d))
     return MixtureScore.create(process, np.array(weights), np.stack(means), np.stack(covs),
                                data_shape=data_shape)
-
-
-def _ve_alpha(process: Process, ve_sigma: Array) -> Array:
-    """``alpha(t(ve_sigma))``; exactly 1 at ``ve_sigma = 0`` (the data frame)."""
-    ve_sigma = jnp.asarray(ve_sigma)
-    safe = jnp.where(ve_sigma > 0, ve_sigma, 1.0)
-    a = process.alpha(process.t_of_ve_sigma(safe))
-    return jnp.where(ve_sigma > 0, a, jnp.ones_like(a))
-
-
-def _check_gaussian(gaussian) -> None:
-    if not isinstance(gaussian, GaussianScore):
-        raise ValueError(
-            f"gaussian must be a scorelib GaussianScore; got {type(gaussian).__name__}"
-        )
-
-
-def gaussian_flow(gaussian: GaussianScore, x: Array, *, sigma_from: Array, sigma_to: Array
-                  ) -> Array:
-    """Closed-form solution of the Gaussian probability-flow ODE between two noise levels.
-
-    Wang & Vastola 2024, eq. 8 (``edm_x_t_traj`` in their code), with the isotropic
-    residual of a rank-``r`` fit. In the VE frame ``y = x / alpha`` at level ``sigma``,
-    ``dy/dsigma = (y - D(y; sigma)) / sigma`` with the Wiener-filter denoiser ``D``, so
-
-        y(s) = mu + U diag(sqrt((s^2 + lam) / (s_T^2 + lam))) U^T (y_T - mu)
-                  + sqrt((s^2 + rv) / (s_T^2 + rv)) (I - U U^T) (y_T - mu)
-
-    with ``s_T = sigma_from``, ``s = sigma_to``, ``rv = residual_var`` (``rv = 0`` gives
-    the factor ``s / s_T`` of the paper). The map is exact for any ``s, s_T`` (the ODE is
-    solved forwards or backwards), so there is no discretisation error; it costs two
-    ``[batch, d] x [d, r]`` products.
-
-    Args:
-      gaussian: the Gaussian score source; its ``process`` gives ``alpha``.
-      x: ``[batch, *data_shape]`` state in process coordinates at VE level ``sigma_from``.
-      sigma_from: scalar or ``[batch]`` VE noise level ``s_T > 0`` (data units).
-      sigma_to: scalar or ``[batch]`` VE noise level ``s >= 0``; at 0 the result is in
-        the data frame (for ``rv = 0`` the complement is then projected out).
-
-    Returns:
-      ``[batch, *data_shape]``: the ODE solution in process coordinates at ``sigma_to``.
-
-    Raises:
-      ValueError: if ``gaussian`` is not a :class:`GaussianScore`, or the levels do not
-        broadcast as scalars or ``[batch]``.
-    """
-    _check_gaussian(gaussian)
-    process = gaussian.process
-    xf = flatten(x)
-    s_t = broadcast_to_data(jnp.asarray(sigma_from, xf.dtype), xf)
-    s = broadcast_to_data(jnp.asarray(sigma_to, xf.dtype), xf)
-    a_t = broadcast_to_data(_ve_alpha(process, sigma_from).astype(xf.dtype), xf)
-    a = broadcast_to_data(_ve_alpha(process, sigma_to).astype(xf.dtype), xf)
-    mean, u, lam = gaussian.mean, gaussian.eigvecs, gaussian.eigvals
-    centred = xf / a_t - mean
-    coef = centred @ u  # [batch, r]
-    out = mean + (jnp.sqrt((s**2 + lam) / (s_t**2 + lam)) * coef) @ u.T
-    d, r = u.shape
-    if r < d:
-        rv = gaussian.residual_var
-        outside = centred - coef @ u.T
-        out = out + jnp.sqrt((s**2 + rv) / (s_t**2 + rv)) * outside
-    return jnp.reshape(a * out, x.shape)
-
-
-def gaussian_marginal_sample(gaussian: GaussianScore, eps: Array, sigma: Array) -> Array:
-    """A draw of the Gaussian model's marginal ``p_t`` at VE level ``sigma``.
-
-    ``x = alpha (mu + U diag(sqrt(lam + sigma^2)) U^T eps + sqrt(rv + sigma^2)(I - U U^T) eps)``,
-    i.e. ``x / alpha ~ N(mu, Sigma + sigma^2 I)`` (Wang & Vastola 2024, eq. 4 convolved with
-    the noise), mapped to process coordinates.
-
-    Args:
-      gaussian: the Gaussian score source.
-      eps: ``[batch, *data_shape]`` standard normal draws.
-      sigma: scalar or ``[batch]`` VE noise level ``>= 0``.
-
-    Returns:
-      ``[batch, *data_shape]`` in process coordinates at ``sigma``.
-
-    Raises:
-      ValueError: as :func:`gaussian_flow`.
-    """
-    _check_gaussian(gaussian)
-    ef = flatten(eps)
-    s = broadcast_to_data(jnp.asarray(sigma, ef.dtype), ef)
-    a = broadcast_to_data(_ve_alpha(gaussian.process, sigma).astype(ef.dtype), ef)
-    u, lam = gaussian.eigvecs, gaussian.eigvals
-    coef = ef @ u
-    out = gaussian.mean + (jnp.sqrt(lam + s**2) * coef) @ u.T
-    d, r = u.shape
-    if r < d:
-        out = out + jnp.sqrt(gaussian.residual_var + s**2) * (ef - coef @ u.T)
-    return jnp.reshape(a * out, eps.shape)

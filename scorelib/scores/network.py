@@ -44,7 +44,18 @@ def preconditioned_denoiser(
 
 
 class NetworkScore(ScoreSource):
-    """Score source of an EDM-preconditioned network ``F`` (parameters are leaves)."""
+    """Score source of an EDM-preconditioned network ``F`` (parameters are leaves).
+
+    Fields:
+      process: the noise process (static).
+      graphdef, params: the network split by ``nnx.split(model, nnx.Param)``; ``params``
+        are the pytree leaves (differentiated during training).
+      sigma_data: data standard deviation of the preconditioning (static, data units).
+      dropout_key: a PRNG key enables dropout (training); ``None`` is deterministic.
+
+    The score follows from :meth:`denoiser` by Tweedie's formula
+    (:func:`scorelib.scores.score_from_denoiser`).
+    """
 
     graphdef: Any = struct.field(pytree_node=False, default=None)
     params: Any = None
@@ -52,6 +63,22 @@ class NetworkScore(ScoreSource):
     dropout_key: Any = None  # a PRNG key enables dropout (training); None is deterministic
 
     def denoiser(self, x, t):
+        """``D(x, t) = E[x_0 | x_t = x]`` (data units) by the preconditioned network.
+
+        Karras et al. 2022, eq. 7 and Table 1, applied in the VE frame: ``D = c_skip(s)
+        (x / alpha) + c_out(s) F(c_in(s) x / alpha; c_noise(s))`` with ``s = ve_sigma(t)``
+        (:func:`preconditioned_denoiser`).
+
+        Args:
+          x: ``[batch, *data_shape]`` noisy input in process coordinates.
+          t: scalar or ``[batch]`` process time.
+
+        Returns:
+          ``[batch, *data_shape]``.
+
+        Raises:
+          ValueError: if ``t`` is neither a scalar nor ``[batch]``.
+        """
         check_time_shape(x, t)
         alpha = broadcast_to_data(self.process.alpha(t), x)
         sigma = self.process.ve_sigma(t)

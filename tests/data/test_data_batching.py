@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from scorelib.data import batch_indices, get_batch
+from scorelib.data import batch_indices, batch_keys, get_batch
 
 
 @pytest.fixture
@@ -47,3 +47,21 @@ def test_errors(data):
         get_batch(data, 0, seed=0, step=0)
     with pytest.raises(ValueError, match="empty"):
         get_batch(data[:0], 4, seed=0, step=0)
+
+
+def test_batch_keys_are_the_documented_fold_ins():
+    """Example j of process p at (seed, step) uses fold_in(fold_in(key(seed), step), p B + j),
+    written out here with plain fold_in (the rule the library's data, objectives and
+    samplers share), in Python and with traced integers under jit."""
+    b = 3
+    for p in (0, 2):
+        step_key = jax.random.fold_in(jax.random.key(5), 11)
+        want = [jax.random.fold_in(step_key, p * b + j) for j in range(b)]
+        got = batch_keys(b, seed=5, step=11, process_index=p)
+        jitted = jax.jit(lambda s, t, q: batch_keys(b, seed=s, step=t, process_index=q))(5, 11, p)
+        for keys in (got, jitted):
+            np.testing.assert_array_equal(
+                jax.random.key_data(keys), np.stack([jax.random.key_data(k) for k in want])
+            )
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
+        batch_keys(0, seed=0, step=0)

@@ -100,7 +100,7 @@ def test_invalid_data_shape_and_inputs():
     with pytest.raises(ValueError, match="model.data_shape"):
         abstract_model((8, 8), attn_resolutions=())
     model = abstract_model((8, 8, 1), attn_resolutions=())
-    with pytest.raises(ValueError, match="x must have shape"):
+    with pytest.raises(ValueError, match="x must be of shape"):
         traced_output_shape(model, (8, 8, 3))
     graphdef, params = nnx.split(model, nnx.Param)
     with pytest.raises(ValueError, match="c_noise"):

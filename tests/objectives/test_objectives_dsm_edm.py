@@ -1,10 +1,10 @@
 """Objectives against independent per-example loops and a closed-form minimiser.
 
 The per-example reference below recomputes every term in NumPy float64 from
-closed-form process coefficients written here (not the library's), from the
-same random draws (the objectives' documented key use: ``k_t, k_eps =
-split(key)``), one example at a time, so a ``[B, 1] x [B]`` broadcast or a
-reduction over the wrong axes (fault kind 7) cannot cancel out.
+closed-form process coefficients (``tests/closed_forms.py``, not the library's), from
+the same random draws (the objectives' documented per-example keys), one example at a
+time, so a ``[B, 1] x [B]`` broadcast of a per-example weight against a per-example
+error, or a reduction over the wrong axes, cannot cancel out.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 
+import closed_forms
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -49,33 +50,14 @@ def np_denoiser(x, t, w=0.7):
 
 # --- closed-form coefficients (Song et al. 2021, App. B; Karras et al. 2022, Table 1) ---
 def np_coeffs(proc, t):
-    """(alpha, sigma, g^2) at scalar t."""
-    if isinstance(proc, EDM):
-        return 1.0, t, 2.0 * t
-    if isinstance(proc, VE):
-        s = proc.sigma_min * (proc.sigma_max / proc.sigma_min) ** t
-        return 1.0, s, s**2 * 2.0 * math.log(proc.sigma_max / proc.sigma_min)
-    b0, b1 = proc.beta_min, proc.beta_max
-    m = -0.25 * t**2 * (b1 - b0) - 0.5 * t * b0
-    beta = b0 + t * (b1 - b0)
-    if isinstance(proc, VP):
-        return math.exp(m), math.sqrt(1.0 - math.exp(2 * m)), beta
-    return math.exp(m), 1.0 - math.exp(2 * m), beta * (1.0 - math.exp(4 * m))
+    """(alpha, sigma, g^2) at scalar t, from tests/closed_forms.py."""
+    a, s = closed_forms.alpha_sigma(proc, t)
+    return float(a), float(s), float(closed_forms.f_g2(proc, t)[1])
 
 
 def np_t_of_ve_sigma(proc, s):
-    """Invert sigma/alpha = s in closed form (textbook quadratic root)."""
-    if isinstance(proc, EDM):
-        return s
-    if isinstance(proc, VE):
-        return math.log(s / proc.sigma_min) / math.log(proc.sigma_max / proc.sigma_min)
-    b0, db = proc.beta_min, proc.beta_max - proc.beta_min
-    if isinstance(proc, VP):  # sigma/alpha = sqrt(exp(-2m) - 1)
-        m = -0.5 * math.log1p(s**2)
-    else:  # sigma/alpha = exp(-m) - exp(m)
-        m = -math.asinh(s / 2.0)
-    # 0.25 db t^2 + 0.5 b0 t + m = 0, positive root
-    return (-0.5 * b0 + math.sqrt(0.25 * b0**2 - db * m)) / (0.5 * db)
+    """Invert sigma/alpha = s in closed form (tests/closed_forms.py)."""
+    return float(closed_forms.t_of_ve_sigma(proc, s))
 
 
 PROCS = [EDM(), VE(), VP(), SubVP()]
@@ -95,11 +77,11 @@ def _objectives(proc):
 
 @functools.partial(jax.jit, static_argnums=0)
 def _evaluate(objs, source, x0, key):
-    """Every objective's ``(per_example, __call__)`` in one compiled call.
+    """Every objective's ``(example_losses, __call__)`` in one compiled call.
 
     (Eager ops and per-objective jits each compile separately, which is slow on CPU.)
     """
-    return [(o.per_example(source, x0, key), o(source, x0, key)) for o in objs]
+    return [(o.example_losses(source, x0, key), o(source, x0, key)) for o in objs]
 
 
 def _data(b, shape, seed=0):
@@ -264,7 +246,7 @@ def test_edm_bad_fields(kwargs, field):
 
 
 def test_an_examples_noise_does_not_depend_on_the_batch():
-    """DESIGN: per-example keys. The first 3 examples of a batch of 7 get the same noise
+    """Per-example keys. The first 3 examples of a batch of 7 get the same noise
     level, noise and loss as a batch of those 3 alone (a sharded or resized batch trains
     on the same noise)."""
     key = jax.random.key(5)
@@ -281,7 +263,7 @@ def test_an_examples_noise_does_not_depend_on_the_batch():
         s7, e7 = example_draws(key, x0, scalar)
         np.testing.assert_array_equal(s3, s7[:3])
         np.testing.assert_array_equal(e3, e7[:3])
-    with pytest.raises(ValueError, match="'uniform' or 'normal'"):
+    with pytest.raises(ValueError, match=r"scalar must be one of \['uniform', 'normal'\]"):
         example_draws(key, x0, "beta")
 
 

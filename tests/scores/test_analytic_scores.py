@@ -7,6 +7,7 @@ and the denoiser against the textbook posterior mean (Wang & Vastola 2024, eq. 5
 
 import math
 
+import closed_forms
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,13 +28,9 @@ def times(p):
 
 
 def ref_alpha_sigma(p, t):
-    """Closed-form alpha, sigma (float64), independent of the library."""
-    if isinstance(p, VE):
-        return 1.0, p.sigma_min * (p.sigma_max / p.sigma_min) ** t
-    if isinstance(p, EDM):
-        return 1.0, t
-    a = math.exp(-0.25 * t**2 * (p.beta_max - p.beta_min) - 0.5 * t * p.beta_min)
-    return a, (1 - a**2 if isinstance(p, SubVP) else math.sqrt(1 - a**2))
+    """Closed-form alpha, sigma (float64 scalars), independent of the library."""
+    a, s = closed_forms.alpha_sigma(p, t)
+    return float(a), float(s)
 
 
 def random_cov(rng, d, scale=1.0):

@@ -2,6 +2,7 @@
 
 import math
 
+import closed_forms
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,8 +10,9 @@ import pytest
 from flax import nnx
 
 from scorelib.nets.mlp import MLP
-from scorelib.nets.precond import edm_loss_weight, edm_precond
-from scorelib.processes import EDM, VE, VP, SubVP
+from scorelib.nets.precond import edm_precond
+from scorelib.objectives.weights import edm_weight
+from scorelib.processes import EDM, VP, SubVP
 from scorelib.scores import NetworkScore, preconditioned_denoiser
 
 
@@ -38,7 +40,7 @@ def test_edm_precond_table_values(sigma, sigma_data, c_skip, c_out, c_in, c_nois
 def test_edm_precond_identities(sigma_data):
     sigma = jnp.asarray([0.002, 0.1, 1.0, 10.0, 80.0])
     c = edm_precond(sigma, sigma_data)
-    lam = edm_loss_weight(sigma, sigma_data)
+    lam = edm_weight(ve_sigma=sigma, sigma_data=sigma_data)
     np.testing.assert_allclose(lam * c.c_out**2, 1.0, rtol=1e-5)  # unit weight on F
     np.testing.assert_allclose(c.c_skip + (c.c_out / sigma_data) ** 2, 1.0, rtol=1e-5)
     np.testing.assert_allclose(c.c_in**2 * (sigma**2 + sigma_data**2), 1.0, rtol=1e-5)
@@ -49,12 +51,9 @@ def test_edm_precond_identities(sigma_data):
 
 
 def ref_alpha_sigma(p, t):
-    if isinstance(p, VE):
-        return 1.0, p.sigma_min * (p.sigma_max / p.sigma_min) ** t
-    if isinstance(p, EDM):
-        return 1.0, t
-    a = math.exp(-0.25 * t**2 * (p.beta_max - p.beta_min) - 0.5 * t * p.beta_min)
-    return a, (1 - a**2 if isinstance(p, SubVP) else math.sqrt(1 - a**2))
+    """Closed-form alpha, sigma (float64 scalars), independent of the library."""
+    a, s = closed_forms.alpha_sigma(p, t)
+    return float(a), float(s)
 
 
 def make_source(p, data_shape, sigma_data=0.5, dropout=0.0, zero_out=True, key=None):

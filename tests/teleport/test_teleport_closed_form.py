@@ -4,13 +4,13 @@ References, all independent of ``gaussian_flow``:
 * scipy ``solve_ivp`` (DOP853, rtol 1e-12) on the ODE written here in numpy with
   ``np.linalg.solve`` (no eigendecomposition): EDM in sigma, ``dx/dsigma = sigma (Sigma +
   sigma^2 I)^{-1} (x - mu)``; VP in process time t, ``dx/dt = f - g^2 s / 2`` with
-  ``alpha(t)`` written out here (Song et al. 2021, eqs. 13, 32-33);
+  ``alpha(t)`` from ``tests/closed_forms.py`` (Song et al. 2021, eqs. 13, 32-33);
 * the library's EDM Heun sampler, 2,000 float64 steps (rho = 7) with the Gaussian score
   (the issue's acceptance check; Heun's own error at 2,000 steps is below 1e-6 here).
 """
 
-import math
 
+import closed_forms
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,7 +21,7 @@ from scorelib.processes import EDM, VP
 from scorelib.samplers import edm_grid, heun
 from scorelib.samplers.teleport import start_state
 from scorelib.scores import GaussianScore
-from scorelib.scores.gaussian_fit import gaussian_flow, gaussian_marginal_sample
+from scorelib.scores.gaussian import gaussian_flow, gaussian_marginal_sample
 
 D = 5
 EIGVALS = np.array([2.0, 0.8, 0.3, 0.12, 0.05])
@@ -46,12 +46,11 @@ def make_gaussian(process, rank=None, residual_var=0.07):
 
 
 def vp_alpha(p, t):
-    return math.exp(-0.25 * t**2 * (p.beta_max - p.beta_min) - 0.5 * t * p.beta_min)
+    return float(closed_forms.alpha_sigma(p, t)[0])
 
 
 def vp_ve_sigma(p, t):
-    a = vp_alpha(p, t)
-    return math.sqrt(1 - a**2) / a
+    return float(closed_forms.ve_sigma(p, t))
 
 
 def scipy_edm(mean, cov, x, s_from, s_to):
@@ -65,7 +64,7 @@ def scipy_edm(mean, cov, x, s_from, s_to):
 def scipy_vp(p, mean, cov, x, t_from, t_to):
     def f(t, y):
         a = vp_alpha(p, t)
-        beta = p.beta_min + t * (p.beta_max - p.beta_min)
+        beta = closed_forms.beta(p, t)
         score = -np.linalg.solve(a**2 * cov + (1 - a**2) * np.eye(D), y - a * mean)
         return -0.5 * beta * y - 0.5 * beta * score
 
