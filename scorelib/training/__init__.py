@@ -22,6 +22,7 @@ from scorelib.training.checkpoint import Checkpointer
 from scorelib.training.ema import EMA, ema_decay, ema_update
 from scorelib.training.loop import PREEMPTED_EXIT_CODE, Preempted, train
 from scorelib.training.metrics_log import MetricsWriter
+from scorelib.training.multi_seed import stack, train_seeds, unstack
 from scorelib.training.optim import make_optimizer, warmup_schedule
 from scorelib.training.state import TrainState, abstract_state, create_state, init_state
 from scorelib.training.step import make_train_step, network_source
@@ -35,6 +36,9 @@ __all__ = [
     "Preempted",
     "train",
     "MetricsWriter",
+    "stack",
+    "train_seeds",
+    "unstack",
     "make_optimizer",
     "warmup_schedule",
     "TrainState",
