@@ -60,11 +60,16 @@ class Scaled(ScoreSource):
 def test_relative_error_of_a_scaled_score_is_exact(process):
     """s = c s_ref at every point: the ratio is (c - 1)^2 whatever the points."""
     ref = gaussian(process)
-    for c in (0.0, 1.25, -1.0):
+    for c in (1.0, 0.0, 1.25, -1.0):
         err = relative_score_error(
             Scaled(process=process, inner=ref, c=c), ref, x0_draws(200), 0.5, jax.random.key(0)
         )
-        assert err == pytest.approx((c - 1) ** 2, rel=1e-6)
+        assert err == pytest.approx((c - 1) ** 2, rel=1e-6, abs=1e-12)
+        # the explained fraction in score space is one minus it: 1, 0, 0.9375, -3
+        frac = explained_fraction(
+            Scaled(process=process, inner=ref, c=c), ref, x0_draws(200), 0.5, jax.random.key(0)
+        )
+        assert frac["score"] == pytest.approx(1 - (c - 1) ** 2, rel=1e-6, abs=1e-6)
 
 
 @pytest.mark.parametrize("process", [EDM(), VP()], ids=["EDM", "VP"])
