@@ -6,12 +6,13 @@
 
 For each data set (a trained EDM network ``s_net``, its training split, its test split):
 
-(a) The fraction of the learned score explained by an approximation,
-    ``1 - sum ||s_net - s_approx||^2 / sum ||s_net||^2`` over ``n_points`` query points
-    ``x = alpha (x_0 + sigma eps)`` with ``x_0`` from the *test* split, at every positive
-    sigma of the EDM N = 18 grid, for: the Gaussian fitted to the training split (full
-    rank), a 10-component k-means Gaussian mixture, and the exact score of the training
-    set (the delta mixture). Paper (Sec. 4-5, Fig. 2-3): the Gaussian explains the network
+(a) The fraction of the learned score explained by an approximation
+    (:func:`scorelib.metrics.explained_fraction`, score and denoiser space),
+    ``1 - sum ||s_net - s_approx||^2 / sum ||s_net||^2`` over ``explained_points`` query
+    points ``x = alpha (x_0 + sigma eps)`` (per-example noise) with ``x_0`` from the *test*
+    split, at every positive sigma of the EDM grid, for: the Gaussian fitted to the
+    training split (full rank), a 10-component k-means Gaussian mixture, and the exact
+    score of the training set (the delta mixture). Paper: the Gaussian explains the network
     at moderate and high sigma; the mixture beats the exact training-set score at low sigma.
 (b) Teleportation: skips ``k`` on the EDM Heun N = 18 grid and on DPM-Solver++(2M) grids
     of 10 and 20 steps: the sigma jumped to, the NFE, and the classifier-feature Fréchet
@@ -19,7 +20,9 @@ For each data set (a trained EDM network ``s_net``, its training split, its test
     ``num_samples`` samples against the test split, mean and std over the sampling seeds.
     The summary states the largest skip whose mean FD stays within one standard deviation
     (of the k = 0 seeds) of k = 0, for every skip up to it, and the NFE fraction it saves
-    (paper: 15-30%, FID 1.93 on CIFAR-10).
+    (paper: 15-30%, FID 1.93 on CIFAR-10). Beside it: the FD floor
+    (:func:`scorelib.metrics.fd_floor`, training images drawn with replacement) and the FD
+    of the Gaussian alone (its closed-form flow to sigma = 0, NFE 0).
 
 Models: ``table.checkpoint`` / ``table.mnist_checkpoint`` name training run directories
 (``python -m experiments.train ...``); when null the table trains the model itself with
@@ -133,8 +136,7 @@ def explained_table(
         t = process.t_of_ve_sigma(float(sig))
         key = jax.random.fold_in(jax.random.key(seed), j)
         row = {"sigma": float(sig)}
-        for name, src in approx.items():
-            f = explained_fraction(src, net, x0, t, key, batch_size=batch)
+        for name, f in explained_fraction(approx, net, x0, t, key, batch_size=batch).items():
             row[name], row[name + "_denoiser"] = f["score"], f["denoiser"]
         rows.append(row)
     return rows

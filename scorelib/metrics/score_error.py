@@ -23,14 +23,16 @@ global indices, never on how the batch is split into chunks:
   the score-space fraction close to 1 for any approximation; the denoiser-space fraction
   compares posterior means about their batch mean and does not have that term.
 
-Denoisers come from each source's own :meth:`~scorelib.scores.ScoreSource.denoiser`
-(Tweedie's formula in :mod:`scorelib.scores.base` for sources that define a score).
-Sums are taken in float64 on the host.
+Scores and denoisers are each source's own (a source that defines only one gets the other
+from Tweedie's formula, :func:`scorelib.scores.base.score_from_denoiser` /
+:func:`~scorelib.scores.base.denoiser_from_score`, evaluating the source once). Sums are
+taken in float64 on the host.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -39,7 +41,12 @@ import numpy as np
 
 from scorelib._checks import check_int, require
 from scorelib.keys import example_keys
-from scorelib.scores.base import flatten
+from scorelib.scores.base import (
+    ScoreSource,
+    denoiser_from_score,
+    flatten,
+    score_from_denoiser,
+)
 
 Array = Any
 
@@ -74,28 +81,39 @@ def noisy_samples(process, x0: Array, t: Array, key: jax.Array, *, first_index: 
 
 
 @functools.partial(jax.jit, static_argnames=("spaces", "stacked"))
-def _chunk(source, reference, x0, t, key, first_index, *, spaces, stacked):
-    """Per space: per-example squared differences ``[(m,) b]`` and the reference ``[b, d]``."""
+def _chunk(sources, reference, x0, t, key, first_index, *, spaces, stacked):
+    """``({name: {space: [(m,) b] squared differences}}, {space: reference [b, d]})``."""
     x = noisy_samples(reference.process, x0, t, key, first_index=first_index)
+    ref = _outputs(reference, x, t)
 
-    def out(src, space):
-        return flatten(src.score(x, t) if space == "score" else src.denoiser(x, t))
+    def sq_diff(src):
+        out = _outputs(src, x, t)
+        return {space: jnp.sum((out[space] - ref[space]) ** 2, axis=1) for space in spaces}
 
-    result = {}
-    for space in spaces:
-        ref = out(reference, space)
-
-        def sq_diff(src, space=space, ref=ref):
-            return jnp.sum((out(src, space) - ref) ** 2, axis=1)
-
-        result[space] = (jax.vmap(sq_diff)(source) if stacked else sq_diff(source)), ref
-    return result
+    diffs = {
+        name: jax.vmap(sq_diff)(src) if stacked else sq_diff(src) for name, src in sources.items()
+    }
+    return diffs, {space: ref[space] for space in spaces}
 
 
-def _check_sources(source, reference, stacked: bool) -> None:
+def _outputs(src, x, t) -> dict:
+    """``{"score", "denoiser"}`` of ``src`` at ``(x, t)``, flattened to ``[b, d]``, with the
+    one the source does not define from the other by Tweedie (:mod:`scorelib.scores.base`),
+    so each source is evaluated once (what is not used is removed by the compiler)."""
+    cls = type(src)
+    s = src.score(x, t) if cls.score is not ScoreSource.score else None
+    d = src.denoiser(x, t) if cls.denoiser is not ScoreSource.denoiser else None
+    if s is None:
+        s = score_from_denoiser(src.process, x, t, d)
+    if d is None:
+        d = denoiser_from_score(src.process, x, t, s)
+    return {"score": flatten(s), "denoiser": flatten(d)}
+
+
+def _check_source(name, source, reference, stacked: bool) -> None:
     require(
         source.process == reference.process,
-        "source.process",
+        f"{name}.process",
         f"the reference's process {reference.process!r}",
         source.process,
     )
@@ -104,16 +122,17 @@ def _check_sources(source, reference, stacked: bool) -> None:
         lead = {np.shape(a)[0] if np.ndim(a) else None for a in leaves}
         require(
             bool(leaves) and len(lead) == 1 and None not in lead,
-            "source (stacked=True)",
+            f"{name} (stacked=True)",
             "a score source whose every array leaf has the same leading model axis",
             sorted({np.shape(a) for a in leaves}),
         )
 
 
-def _pooled(source, reference, x0, t, key, *, spaces, stacked, batch_size, first_index):
-    """Per space: ``(sum of squared differences, float or [m]; reference outputs [n, d])``,
-    float64."""
-    _check_sources(source, reference, stacked)
+def _pooled(sources: dict, reference, x0, t, key, *, spaces, stacked, batch_size, first_index):
+    """``({name: {space: sum of squared differences (float64, scalar or [m])}},
+    {space: reference outputs [n, d] float64})``."""
+    for name, src in sources.items():
+        _check_source(name, src, reference, stacked)
     x0 = jnp.asarray(x0)
     require(x0.ndim >= 2 and x0.shape[0] >= 1, "x0", "[batch >= 1, *data_shape]", x0.shape)
     n = x0.shape[0]
@@ -122,22 +141,27 @@ def _pooled(source, reference, x0, t, key, *, spaces, stacked, batch_size, first
     t = jnp.broadcast_to(t, (n,))
     bs = n if batch_size is None else check_int(batch_size, "batch_size", low=1)
     bs = min(bs, n)
-    parts = {space: ([], []) for space in spaces}
+    diffs = {name: {space: [] for space in spaces} for name in sources}
+    refs = {space: [] for space in spaces}
     for start in range(0, n, bs):
         stop = min(start + bs, n)
         pad = bs - (stop - start)  # pad the last chunk: one compilation for every chunk
         xb = jnp.pad(x0[start:stop], [(0, pad)] + [(0, 0)] * (x0.ndim - 1))
         tb = jnp.pad(t[start:stop], (0, pad), mode="edge")
-        res = _chunk(
-            source, reference, xb, tb, key, first_index + start, spaces=spaces, stacked=stacked
+        d, r = _chunk(
+            sources, reference, xb, tb, key, first_index + start, spaces=spaces, stacked=stacked
         )
-        for space, (d, r) in res.items():
-            parts[space][0].append(np.asarray(d, np.float64)[..., : stop - start])
-            parts[space][1].append(np.asarray(r, np.float64)[: stop - start])
-    return {
-        space: (np.concatenate(d, axis=-1).sum(axis=-1), np.concatenate(r))
-        for space, (d, r) in parts.items()
+        for space in spaces:
+            refs[space].append(np.asarray(r[space], np.float64)[: stop - start])
+            for name in sources:
+                diffs[name][space].append(
+                    np.asarray(d[name][space], np.float64)[..., : stop - start]
+                )
+    sums = {
+        name: {space: np.concatenate(v, axis=-1).sum(axis=-1) for space, v in per.items()}
+        for name, per in diffs.items()
     }
+    return sums, {space: np.concatenate(v) for space, v in refs.items()}
 
 
 def _ratio(num, den):
@@ -188,8 +212,8 @@ def relative_score_error(
     Source: De Bortoli, Hutchinson, Wirnsberger, Doucet, "Target score matching", arXiv
     2402.08667 (2024) (score error of DSM vs TSM per noise level; normalised here).
     """
-    diff, ref = _pooled(
-        source,
+    sums, ref = _pooled(
+        {"source": source},
         reference,
         x0,
         t,
@@ -198,8 +222,8 @@ def relative_score_error(
         stacked=stacked,
         batch_size=batch_size,
         first_index=first_index,
-    )["score"]
-    out = _ratio(diff, np.sum(ref**2))
+    )
+    out = _ratio(sums["source"]["score"], np.sum(ref["score"] ** 2))
     return out if stacked else float(out)
 
 
@@ -223,23 +247,29 @@ def explained_fraction(
     zero score (score space) or a constant denoiser (denoiser space); it can be negative.
 
     Args:
-      approximation: the score source that explains (e.g. a Gaussian fitted to the data).
+      approximation: the score source that explains (e.g. a Gaussian fitted to the data),
+        or ``{name: source}`` to compare several at the same points in one pass (the
+        reference is evaluated once).
       reference: the score source to explain (e.g. a trained network), same process.
       x0, t, key, stacked, batch_size, first_index: as :func:`relative_score_error`.
 
     Returns:
-      ``{"score": f, "denoiser": f}``: floats, or ``[m]`` float64 with ``stacked=True``.
+      ``{"score": f, "denoiser": f}`` (``{name: {...}}`` for a mapping): floats, or ``[m]``
+      float64 with ``stacked=True``.
 
     Raises:
-      ValueError: as :func:`relative_score_error`.
+      ValueError: as :func:`relative_score_error`, or for an empty mapping.
 
     Source: Wang & Vastola, TMLR 2024 (arXiv 2412.09726): the explained variance
     ``1 - ||s_net - s_approx||^2 / ||s_net||^2`` of a trained network's score by a
     Gaussian, a Gaussian mixture and the training set's exact score across noise levels;
     the denoiser-space form is this library's.
     """
-    sums = _pooled(
-        approximation,
+    single = not isinstance(approximation, Mapping)
+    sources = {"approximation": approximation} if single else dict(approximation)
+    require(len(sources) >= 1, "approximation", "a score source or a non-empty mapping", sources)
+    sums, ref = _pooled(
+        sources,
         reference,
         x0,
         t,
@@ -249,10 +279,12 @@ def explained_fraction(
         batch_size=batch_size,
         first_index=first_index,
     )
+    den = {
+        "score": np.sum(ref["score"] ** 2),
+        "denoiser": np.sum((ref["denoiser"] - ref["denoiser"].mean(axis=0)) ** 2),
+    }
     out = {}
-    for space, (diff, ref) in sums.items():
-        if space == "denoiser":
-            ref = ref - ref.mean(axis=0, keepdims=True)
-        frac = 1.0 - _ratio(diff, np.sum(ref**2))
-        out[space] = frac if stacked else float(frac)
-    return out
+    for name, per in sums.items():
+        fr = {space: 1.0 - _ratio(per[space], den[space]) for space in SPACES}
+        out[name] = fr if stacked else {k: float(v) for k, v in fr.items()}
+    return out["approximation"] if single else out

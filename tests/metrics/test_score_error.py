@@ -136,6 +136,13 @@ def test_stacked_models_equal_separate_calls():
         )
     fr = explained_fraction(stacked, gaussian(p), x0, 0.3, key, stacked=True)
     assert fr["score"] == pytest.approx(1 - errs, rel=1e-5)
+    # a mapping of approximations: each as if alone, at the same points
+    many = explained_fraction(dict(enumerate(sources)), gaussian(p), x0, 0.3, key)
+    assert set(many) == {0, 1, 2}
+    for i, src in enumerate(sources):
+        alone = explained_fraction(src, gaussian(p), x0, 0.3, key)
+        assert many[i] == pytest.approx(alone, rel=1e-6)
+        assert many[i]["denoiser"] == pytest.approx(fr["denoiser"][i], rel=1e-5)
 
 
 @pytest.mark.parametrize("process", [EDM(), VP()], ids=["EDM", "VP"])
@@ -171,5 +178,9 @@ def test_bad_inputs_are_refused():
         relative_score_error(ref, ref, x0, jnp.ones(3), jax.random.key(0))
     with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
         explained_fraction(ref, ref, x0, 0.5, jax.random.key(0), batch_size=0)
+    with pytest.raises(ValueError, match="approximation must be a score source or a non-empty"):
+        explained_fraction({}, ref, x0, 0.5, jax.random.key(0))
+    with pytest.raises(ValueError, match=r"b.process must be the reference's process"):
+        explained_fraction({"a": ref, "b": gaussian(VP())}, ref, x0, 0.5, jax.random.key(0))
     with pytest.raises(ValueError, match="same leading model axis"):
         relative_score_error(ref, ref, x0, 0.5, jax.random.key(0), stacked=True)
