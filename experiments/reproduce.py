@@ -1,6 +1,6 @@
 """Paper reproductions: ``python -m experiments.reproduce table=<name> [table.<field>=...]``.
 
-The ``table`` config group (``configs/table/<name>.yaml``) selects the reproduction; its
+The ``table`` config group (``configs/table/<name>.yaml``; required) selects the reproduction; its
 ``name`` field is the module ``experiments/tables/<name>.py`` whose
 ``run(cfg, run_dir, log=print)`` computes it (an optional ``runner: module:function``
 field overrides the lookup). The app writes every table as markdown, CSV and LaTeX with
@@ -30,6 +30,20 @@ from experiments.common import clean_errors
 from experiments.tables.common import command_line, write_report
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+TABLE_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "table"
+
+
+def table_names() -> list[str]:
+    """The reproductions on offer: the ``configs/table/<name>.yaml`` files, sorted."""
+    return sorted(p.stem for p in TABLE_CONFIGS.glob("*.yaml"))
+
+
+def require_table(cfg: DictConfig) -> DictConfig:
+    """``cfg.table``, or a ``ValueError`` saying ``table=`` is required and listing the names."""
+    table = cfg.get("table")
+    if table is None:
+        raise ValueError(f"table= is required; choose one of {table_names()}")
+    return table
 
 
 def resolve_runner(table_cfg: DictConfig):
@@ -63,8 +77,12 @@ def resolve_runner(table_cfg: DictConfig):
 
 @clean_errors
 def reproduce(cfg: DictConfig) -> Path:
-    """Run the selected table and write its report; returns the path of ``<name>.md``."""
-    run = resolve_runner(cfg.table)
+    """Run the selected table and write its report; returns the path of ``<name>.md``.
+
+    Raises:
+      ValueError: when no ``table=`` is given, or as :func:`resolve_runner`.
+    """
+    run = resolve_runner(require_table(cfg))
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     command = command_line()
     t0 = time.perf_counter()
@@ -79,6 +97,7 @@ def reproduce(cfg: DictConfig) -> Path:
 
 @hydra.main(config_path="../configs", config_name="reproduce", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    """The Hydra entry point (see the module docstring)."""
     reproduce(cfg)
 
 

@@ -30,6 +30,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from scorelib._io import atomic_write_text
+
 Cell = Any
 
 
@@ -131,6 +133,7 @@ _TEX = {
 
 
 def tex_escape(s: str) -> str:
+    """``s`` with LaTeX's special characters escaped and ``± ≪ ≈ σ κ`` as math."""
     return "".join(_TEX.get(ch, ch) for ch in str(s))
 
 
@@ -192,12 +195,6 @@ def metadata(cfg: DictConfig | dict, *, command: str, seeds: Sequence[int], wall
     }
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 # ---------------------------------------------------------------------------- writing
 def write_table(
     run_dir: Path,
@@ -220,10 +217,10 @@ def write_table(
         f"### {stem}\n\n{caption}\n\n{to_markdown(cols, rows)}\n"
         f"Seeds: {seed_text}. Command: `{command}`\n"
     )
-    _atomic_write(run_dir / f"{stem}.md", md)
-    _atomic_write(run_dir / f"{stem}.csv", to_csv(cols, rows))
+    atomic_write_text(run_dir / f"{stem}.md", md)
+    atomic_write_text(run_dir / f"{stem}.csv", to_csv(cols, rows))
     tex_caption = f"{caption} Seeds: {seed_text}. Command: {command}"
-    _atomic_write(run_dir / f"{stem}.tex", to_latex(cols, rows, tex_caption, f"tab:{stem}"))
+    atomic_write_text(run_dir / f"{stem}.tex", to_latex(cols, rows, tex_caption, f"tab:{stem}"))
     return md
 
 
@@ -263,7 +260,7 @@ def write_report(
         + "\n".join(sections)
     )
     path = run_dir / f"{name}.md"
-    _atomic_write(path, body)
+    atomic_write_text(path, body)
     meta = metadata(cfg, command=command, seeds=seeds, wall_s=wall_s)
-    _atomic_write(run_dir / "metadata.json", json.dumps(meta, indent=2, default=str))
+    atomic_write_text(run_dir / "metadata.json", json.dumps(meta, indent=2, default=str))
     return path

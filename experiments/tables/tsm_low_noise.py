@@ -1,34 +1,32 @@
 """Table ``tsm_low_noise``: target score matching against DSM at low noise.
 
-De Bortoli, Hutchinson, Wirnsberger, Doucet, "Target score matching", arXiv
-2402.08667 (2024); ``shared/methods/02-target-score-matching.md``.
-
-``python -m experiments.reproduce table=tsm_low_noise [table.scale=smoke]``
+De Bortoli, Hutchinson, Wirnsberger, Doucet, "Target score matching", arXiv 2402.08667
+(2024). ``python -m experiments.reproduce table=tsm_low_noise [table.scale=smoke]``
 
 For each target with a known score (a 1-D Gaussian mixture, random full-covariance
 mixtures in d = 10 and 50, many-well in d = 8; ``scorelib.data.targets``) under the
 VE-frame process of ``table.process`` (EDM, ``sigma`` in [1e-3, 10]):
 
-(a) the conditional variance ``E ||u - s_t(x_t)||^2`` (summed over coordinates) of the
-    DSM label ``-eps/sigma``, the TSM label ``grad log p_0(x_0)/alpha`` and each mixed label,
-    per sigma of ``table.sigmas``, by Monte Carlo with the exact noisy score
-    (``scorelib.objectives.label_residuals``);
-(b) the relative error ``E||s_theta - s_true||^2 / E||s_true||^2`` of the score learned by
-    each objective, per sigma, after the *same* budget (steps, batch, network, optimizer,
-    EMA, data stream), mean and std over ``table.seeds``;
-(c) the squared energy distance and sliced W2 between samples of each trained model (same
-    sampler, same grid, exact start ``x_T ~ p_T``) and fresh exact target samples, with two
-    references: the exact noisy score through the same sampler, and a second exact sample.
+(a) the conditional variance ``E ||u - s_t(x_t)||^2`` of the DSM label ``-eps/sigma``, the
+    TSM label ``grad log p_0(x_0)/alpha`` and each mixed label, per sigma of
+    ``table.sigmas`` (:func:`scorelib.metrics.label_variance`, exact noisy score);
+(b) the relative error ``sum||s_theta - s_true||^2 / sum||s_true||^2`` of the score learned
+    by each objective, per sigma (:func:`scorelib.metrics.relative_score_error`), after the
+    *same* budget (:func:`scorelib.training.train_seeds`: steps, batch, network,
+    optimizer, EMA, data stream), mean and std over ``table.seeds``;
+(c) the squared energy distance and sliced W2 (:func:`scorelib.metrics.sample_distances`)
+    between samples of each trained model (same sampler, same grid, exact start
+    ``x_T ~ p_T``) and fresh exact target samples, with two references: the exact noisy
+    score through the same sampler, and a second exact sample.
 
-Expected shape (``methods/02`` Sec. 2.4, second-hand; the paper shows figures, not numbers):
-TSM far better than DSM at low sigma, worse at high sigma, the mixtures best or tied
-everywhere. The table reports what it measures.
+Expected shape (the paper shows figures, not numbers; from secondary summaries): TSM far
+better than DSM at low sigma, worse at high sigma, the mixtures best or tied everywhere.
+The table reports what it measures.
 
-Training uses ``scorelib.training`` (``make_train_step`` with the train step vmapped over
-seeds and all objectives stepped inside one jitted call). Seeds vary the network
-initialisation and the objective's (t, eps) draws; the data stream (exact target samples)
-is common to all runs of a target, and every objective of one seed starts from the same
-initialisation and sees the same (t, eps) (common random numbers).
+Seeds vary the network initialisation and the objective's (t, eps) draws; the data stream
+(exact target samples) is common to all runs of a target, and every objective of one seed
+starts from the same initialisation and sees the same (t, eps) (common random numbers).
+Every noise draw is per example (``scorelib.keys``).
 
 Results per target are cached in ``<run dir>/partial/<target>.json`` with the settings
 they were computed with: re-running the same command reuses finished targets.
@@ -45,9 +43,10 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
+
+from scorelib._io import atomic_write_text
 
 LABELS = {"dsm": "DSM", "tsm": "TSM"}
 
@@ -124,65 +123,52 @@ def _digest(obj: Any) -> str:
 
 
 # ------------------------------------------------------------------------ (a) variances
-def label_variances(objectives: dict, target, process, sigmas, n: int, seed: int) -> dict:
-    """``{objective: {"mean": [S], "se": [S]}}`` plus ``"DSM"``/``"TSM"`` pure labels.
+def _sigma_keys(seed: int, j: int):
+    """``(data key, noise key)`` of the ``j``-th sigma: a fresh exact sample per sigma."""
+    return jax.random.split(jax.random.fold_in(jax.random.key(seed), j))
 
-    ``n`` examples per sigma; one jit-compiled pass per sigma for all objectives.
-    """
-    from scorelib.objectives import label_residuals
+
+def label_variances(objectives: dict, target, process, sigmas, n: int, seed: int) -> dict:
+    """``{objective | "DSM label" | "TSM label": {"mean": [S], "se": [S]}}`` by
+    :func:`scorelib.metrics.label_variance`, ``n`` exact samples per sigma."""
+    from scorelib.metrics import label_variance
 
     truth = target.noisy_score(process)
-    names = list(objectives)
-
-    @jax.jit
-    def one_sigma(t, key):
-        kx, ke = jax.random.split(key)
-        x0 = target.sample_from_keys(
-            jax.vmap(lambda i: jax.random.fold_in(kx, i))(jnp.arange(n)), needed_by="label variance"
-        )
-        eps = jax.random.normal(ke, x0.shape)
-        tt = jnp.full((n,), t, jnp.float32)
-        out = {}
-        for k in names:
-            r = label_residuals(objectives[k], truth, x0, tt, eps)
-            out[k] = r["u"]
-        out["DSM label"], out["TSM label"] = r["u_dsm"], r["u_tsm"]
-        return out
-
     res: dict[str, dict[str, list]] = {}
     for j, s in enumerate(sigmas):
-        t = process.t_of_ve_sigma(jnp.asarray(s, jnp.float32))
-        r = one_sigma(t, jax.random.fold_in(jax.random.key(seed), j))
-        for k, v in r.items():
-            v = np.asarray(v, np.float64)
+        kx, ke = _sigma_keys(seed, j)
+        x0 = target.sample(kx, n, needed_by="label variance")
+        per, pure = label_variance(objectives, truth, x0, process.t_of_ve_sigma(s), ke)
+        per.update({"DSM label": pure["u_dsm"], "TSM label": pure["u_tsm"]})
+        for k, v in per.items():
             d = res.setdefault(k, {"mean": [], "se": []})
-            d["mean"].append(float(v.mean()))
-            d["se"].append(float(v.std() / math.sqrt(v.size)))
+            d["mean"].append(v["mean"])
+            d["se"].append(v["se"])
     return res
 
 
 # ------------------------------------------------------------------------- (b) training
-def _stack(trees):
-    return jax.tree.map(lambda *a: jnp.stack(a), *trees)
-
-
 def train_models(objectives: dict, target, process, tc, log=print) -> tuple[Any, dict, dict]:
-    """Train one network per (objective, seed) with the same budget.
+    """One network per (objective, seed), same budget, by :func:`scorelib.training.train_seeds`.
 
     Returns ``(graphdef, {objective: EMA params stacked over seeds}, info)``.
     """
     from flax import nnx
 
     from scorelib.nets import MLP
-    from scorelib.training import EMA, create_state, make_optimizer, make_train_step, network_source
+    from scorelib.training import EMA, init_state, make_optimizer, network_source, train_seeds
 
     seeds = [int(s) for s in tc.seeds]
     tr, mc = tc.train, tc.model
-    batch = int(tr.batch_size)
-    steps = int(tr.steps)
-    sigma_data = float(target.sigma_data)
-
-    def init(seed):
+    batch, steps = int(tr.batch_size), int(tr.steps)
+    opt = make_optimizer(float(tr.lr), int(tr.warmup_steps), float(tr.grad_clip))
+    ema = EMA(
+        batch_size=batch,
+        halflife_nimg=float(tr.ema_halflife_frac) * steps * batch,
+        rampup_ratio=float(tr.ema_halflife_frac),
+    )
+    states = []
+    for seed in seeds:
         model = MLP(
             (target.dim,),
             width=int(mc.width),
@@ -191,165 +177,108 @@ def train_models(objectives: dict, target, process, tc, log=print) -> tuple[Any,
             embedding=str(mc.embedding),
             rngs=nnx.Rngs(seed),
         )
-        return nnx.split(model, nnx.Param)
+        graphdef, state = init_state(model, opt, seed)
+        states.append(state)
+    n_params = sum(np.size(x) for x in jax.tree.leaves(states[0].params))
 
-    graphdef, _ = init(seeds[0])
-    opt = make_optimizer(float(tr.lr), int(tr.warmup_steps), float(tr.grad_clip))
-    ema = EMA(
-        batch_size=batch,
-        halflife_nimg=float(tr.ema_halflife_frac) * steps * batch,
-        rampup_ratio=float(tr.ema_halflife_frac),
+    def on_log(done, losses):
+        msg = ", ".join(f"{k} {np.mean(v):.3g}" for k, v in losses.items())
+        log(f"  [{target.name}] step {done}/{steps}: loss {msg}")
+
+    final, info = train_seeds(
+        objectives,
+        network_source(process, graphdef, float(target.sigma_data)),
+        opt,
+        ema,
+        lambda i: target.batch(batch, seed=0, step=i, needed_by="training"),
+        states,
+        steps,
+        log_every=int(tr.log_every),
+        on_log=on_log,
     )
-    make_source = network_source(process, graphdef, sigma_data)
-
-    def batch_fn(i):
-        return target.batch(batch, seed=0, step=i, needed_by="training")
-
-    raw_steps = {
-        k: make_train_step(obj, make_source, opt, ema, batch_fn, jit=False)
-        for k, obj in objectives.items()
-    }
-    names = list(objectives)
-
-    def multi(states):
-        new, losses = {}, {}
-        for k in names:
-            new[k], m = jax.vmap(raw_steps[k])(states[k])
-            losses[k] = m["loss"]
-        return new, losses
-
-    multi = jax.jit(multi, donate_argnums=0)
-    init_params = [init(s)[1] for s in seeds]
-    states = {
-        k: _stack([create_state(p, opt, s) for p, s in zip(init_params, seeds, strict=True)])
-        for k in names
-    }
-
-    t0 = time.perf_counter()
-    states, losses = multi(states)
-    jax.block_until_ready(losses)
-    t_compile = time.perf_counter() - t0
-    log_every = max(int(tr.log_every), 1)
-    t0 = time.perf_counter()
-    for i in range(1, steps):
-        states, losses = multi(states)
-        if (i + 1) % log_every == 0 or i == steps - 1:
-            msg = ", ".join(f"{k} {float(jnp.mean(v)):.3g}" for k, v in losses.items())
-            log(f"  [{target.name}] step {i + 1}/{steps}: loss {msg}")
-    jax.block_until_ready(states)
-    t_train = time.perf_counter() - t0
-    skipped = {k: [int(v) for v in np.asarray(states[k].n_skipped)] for k in names}
-    params = {k: states[k].ema_params for k in names}
-    n_params = int(sum(x.size for x in jax.tree.leaves(init_params[0])))
-    info = {
-        "compile_s": t_compile,
-        "train_s": t_train,
-        "steps_per_s": (steps - 1) / max(t_train, 1e-9),
-        "n_params": n_params,
-        "sigma_data": sigma_data,
-        "skipped_steps": skipped,
-    }
-    return graphdef, params, info
+    info.update(
+        n_params=int(n_params),
+        sigma_data=float(target.sigma_data),
+        skipped_steps={k: [int(v) for v in np.asarray(st.n_skipped)] for k, st in final.items()},
+    )
+    return graphdef, {k: st.ema_params for k, st in final.items()}, info
 
 
 def score_errors(
     graphdef, params: dict, target, process, sigma_data, sigmas, n: int, seed: int
 ) -> dict:
-    """``{objective: [n_seeds, S]}`` relative errors ``sum||s_theta - s||^2 / sum||s||^2``."""
-    from scorelib.scores import NetworkScore
+    """``{objective: [n_seeds, S]}`` relative errors by
+    :func:`scorelib.metrics.relative_score_error`, ``n`` exact samples per sigma."""
+    from scorelib.metrics import relative_score_error
+    from scorelib.training import network_source
 
     truth = target.noisy_score(process)
-
-    def net(p):
-        return NetworkScore(process=process, graphdef=graphdef, params=p, sigma_data=sigma_data)
-
-    @jax.jit
-    def one_sigma(t, key, stacked):
-        kx, ke = jax.random.split(key)
-        x0 = target.sample_from_keys(
-            jax.vmap(lambda i: jax.random.fold_in(kx, i))(jnp.arange(n)), needed_by="score error"
-        )
-        tt = jnp.full((n,), t, jnp.float32)
-        xt = process.marginal_sample(x0, tt, jax.random.normal(ke, x0.shape))
-        s = truth.score(xt, tt)
-        denom = jnp.sum(s**2)
-        return {
-            k: jax.vmap(lambda p: jnp.sum((net(p).score(xt, tt) - s) ** 2) / denom)(v)
-            for k, v in stacked.items()
-        }
-
-    out = {k: [] for k in params}
+    make_source = network_source(process, graphdef, sigma_data)
+    out: dict[str, list] = {k: [] for k in params}
     for j, s in enumerate(sigmas):
-        t = process.t_of_ve_sigma(jnp.asarray(s, jnp.float32))
-        r = one_sigma(t, jax.random.fold_in(jax.random.key(seed), j), params)
-        for k, v in r.items():
-            out[k].append(np.asarray(v, np.float64))
-    return {k: np.stack(v, axis=1).tolist() for k, v in out.items()}  # [n_seeds, S]
+        kx, ke = _sigma_keys(seed, j)
+        x0 = target.sample(kx, n, needed_by="score error")
+        t = process.t_of_ve_sigma(s)
+        for k, p in params.items():
+            err = relative_score_error(make_source(p, None), truth, x0, t, ke, stacked=True)
+            out[k].append(err.tolist())
+    return {k: [list(row) for row in zip(*v, strict=True)] for k, v in out.items()}  # [seeds, S]
 
 
 # --------------------------------------------------------------------------- (c) samples
 def sample_quality(graphdef, params: dict, target, process, sigma_data, tc, log=print) -> dict:
-    """Energy distance (squared, V-statistic) and sliced W2 to fresh exact samples.
+    """Energy distance (squared) and sliced W2 to fresh exact samples
+    (:func:`scorelib.metrics.sample_distances`).
 
     Returns ``{row: {"energy": [per seed], "sw2": [per seed]}}`` for every objective, the
     exact noisy score through the same sampler, and a second exact sample.
     """
-    from scorelib.metrics import energy_distance, sliced_wasserstein2
+    from scorelib.metrics import noisy_samples, sample_distances
     from scorelib.samplers import edm_grid, get_sampler
-    from scorelib.scores import NetworkScore
+    from scorelib.training import network_source, unstack
 
     sc = tc.samples
     n = int(sc.n)
-    seeds = [int(s) for s in tc.seeds]
     sampler = get_sampler(str(sc.sampler))
     s_max = float(process.ve_sigma(process.t_max))
     s_min = float(process.ve_sigma(process.t_min))
     grid = edm_grid(int(sc.steps), s_min, s_max, float(sc.rho))
-    t_max = process.t_of_ve_sigma(jnp.asarray(s_max, jnp.float32))
-    n_proj = int(sc.sw_projections)
     truth = target.noisy_score(process)
+    make_source = network_source(process, graphdef, sigma_data)
+    per_seed = {k: unstack(v) for k, v in params.items()}
 
     def exact(seed, stream):
         key = jax.random.fold_in(jax.random.fold_in(jax.random.key(10_000 + seed), stream), 0)
         return target.sample(key, n, needed_by="sample quality (c)")
 
-    def start(seed):
-        """An exact draw from p_T: alpha(T) (x0 + sigma_max eps), x0 exact (stream 2)."""
-        x0 = exact(seed, 2)
-        eps = jax.random.normal(jax.random.fold_in(jax.random.key(20_000 + seed), 0), x0.shape)
-        return process.marginal_sample(x0, jnp.full((n,), t_max), eps)
-
-    def metrics(x, ref, seed):
-        x = np.asarray(x, np.float64)
-        if not np.all(np.isfinite(x)):
-            return float("nan"), float("nan")
-        return energy_distance(x, ref), sliced_wasserstein2(x, ref, n_projections=n_proj, seed=seed)
-
     rows: dict[str, dict[str, list]] = {}
 
-    def add(row, seed, x, ref):
-        e, w = metrics(x, ref, seed)
-        d = rows.setdefault(row, {"energy": [], "sw2": []})
-        d["energy"].append(e)
-        d["sw2"].append(w)
+    def add(row, x, ref, seed):
+        for m, v in sample_distances(
+            x, ref, n_projections=int(sc.sw_projections), seed=seed
+        ).items():
+            rows.setdefault(row, {"energy": [], "sw2": []})[m].append(v)
 
-    for i, seed in enumerate(seeds):
-        ref = np.asarray(exact(seed, 0), np.float64)
-        x_T = start(seed)
+    for i, seed in enumerate(int(s) for s in tc.seeds):
+        ref = exact(seed, 0)
+        # an exact draw from p_T: x0 exact (stream 2), noised with per-example keys
+        x_T = noisy_samples(process, exact(seed, 2), process.t_max, jax.random.key(20_000 + seed))
         key = jax.random.key(30_000 + seed)
-        for k, stacked in params.items():
-            p = jax.tree.map(lambda a, i=i: a[i], stacked)
-            src = NetworkScore(process=process, graphdef=graphdef, params=p, sigma_data=sigma_data)
-            x, _ = sampler(src, key, (n, target.dim), grid=grid, x_T=x_T)
-            add(k, seed, x, ref)
+        for k in params:
+            x, _ = sampler(
+                make_source(per_seed[k][i], None), key, (n, target.dim), grid=grid, x_T=x_T
+            )
+            add(k, x, ref, seed)
         x, _ = sampler(truth, key, (n, target.dim), grid=grid, x_T=x_T)
-        add("exact score", seed, x, ref)
-        add("exact samples", seed, exact(seed, 1), ref)
+        add("exact score", x, ref, seed)
+        add("exact samples", exact(seed, 1), ref, seed)
     return rows
 
 
 # --------------------------------------------------------------------------- per target
 def run_target(name: str, tc: DictConfig, run_dir: Path, log=print) -> dict:
+    """Parts (a), (b), (c) for one target, or the cached result computed with the same
+    settings (``<run_dir>/partial/<name>.json``)."""
     from scorelib.data.targets import make_target
 
     spec = dict(OmegaConf.to_container(tc.targets[name], resolve=True))
@@ -424,10 +353,7 @@ def run_target(name: str, tc: DictConfig, run_dir: Path, log=print) -> dict:
         "model": {"n_params": info["n_params"], "skipped_steps": info["skipped_steps"]},
         "timings": timings,
     }
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_name(cache.name + ".tmp")
-    tmp.write_text(json.dumps(out, indent=1))
-    os.replace(tmp, cache)
+    atomic_write_text(cache, json.dumps(out, indent=1))
     log(f"[{name}] done in {timings['total_s']:.0f} s (cpu {timings['cpu_s']:.0f} s)")
     return out
 
@@ -454,6 +380,7 @@ def _claim_error(s: float) -> str:
 
 
 def variance_table(results: dict) -> tuple[list, list]:
+    """Table (a): label variance per target and sigma beside ``d / sigma^2``."""
     objs = results[next(iter(results))]["objectives"]
     cols = ["target", "d", "sigma", "d/sigma^2", "DSM label", "TSM label"]
     mixed = [k for k in objs if k not in ("dsm", "tsm")]
@@ -478,6 +405,7 @@ def variance_table(results: dict) -> tuple[list, list]:
 
 
 def error_table(results: dict) -> tuple[list, list]:
+    """Table (b): relative score error per target, sigma and objective (mean ± std)."""
     from experiments.tables.common import pm
 
     objs = results[next(iter(results))]["objectives"]
@@ -499,6 +427,7 @@ def error_table(results: dict) -> tuple[list, list]:
 
 
 def samples_table(results: dict) -> tuple[list, list]:
+    """Table (c): energy distance and sliced W2 per target and model (mean ± std)."""
     from experiments.tables.common import pm
 
     cols = ["target", "model", "energy distance^2", "sliced W2", "paper"]
@@ -538,6 +467,7 @@ def summary_table(results: dict) -> tuple[list, list]:
 
 
 def make_figure(results: dict, path: Path) -> None:
+    """Label variance, score error and energy distance, one column per target, as PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -587,6 +517,7 @@ def make_figure(results: dict, path: Path) -> None:
 
 # --------------------------------------------------------------------------- entry point
 def compute(cfg: DictConfig, run_dir: Path, log=print) -> dict:
+    """Every target of ``table.run_targets``; ``{settings, results, wall_s, cpu_s}``."""
     tc = _settings(cfg)
     _process(tc)  # fail fast on the process and the sigma range
     t0, cpu0 = time.perf_counter(), time.process_time()
@@ -627,7 +558,7 @@ def report(out: dict) -> dict:
         f"{sc.n} fresh exact samples; energy distance squared (V-statistic), sliced W2 with "
         f"{sc.sw_projections} projections. 'exact samples' is the floor of both metrics at this n.",
         "The paper (De Bortoli et al. 2024) reports figures, not numbers: the 'paper' columns give "
-        "the expected shape from methods/02 (second-hand summaries), not values.",
+        "the expected shape (from secondary summaries of the paper), not values.",
     ]
     for name, r in results.items():
         tm = r["timings"]
@@ -695,11 +626,8 @@ def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     out = compute(cfg, run_dir, log=log)
-    (run_dir / "results.json").write_text(
-        json.dumps(
-            {"results": out["results"], "wall_s": out["wall_s"], "cpu_s": out["cpu_s"]}, indent=1
-        )
-    )
+    results = {"results": out["results"], "wall_s": out["wall_s"], "cpu_s": out["cpu_s"]}
+    atomic_write_text(run_dir / "results.json", json.dumps(results, indent=1))
     fig = run_dir / "figure.png"
     make_figure(out["results"], fig)
     return {**report(out), "figure": str(fig)}

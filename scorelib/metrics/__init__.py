@@ -1,4 +1,5 @@
-"""Metrics: sample distances, Fréchet distances, classifier features, memorisation."""
+"""Metrics: sample distances, Fréchet distances, classifier features, memorisation, and the
+estimators the tables report (relative score error, explained fraction, label variance)."""
 
 from scorelib.metrics.classifier import (
     ClassifierConfig,
@@ -10,31 +11,41 @@ from scorelib.metrics.distances import (
     energy_distance,
     median_bandwidth,
     mmd_rbf,
+    sample_distances,
     sliced_wasserstein2,
+    squared_distances,
     wasserstein2_1d,
 )
 from scorelib.metrics.frechet import fd_features, fd_floor, frechet_distance, gaussian_stats
+from scorelib.metrics.label_variance import label_variance
 from scorelib.metrics.memorisation import (
     memorisation_stats,
     nearest_neighbour_distances,
     nearest_neighbours,
 )
+from scorelib.metrics.score_error import explained_fraction, noisy_samples, relative_score_error
 
 __all__ = [
     "ClassifierConfig",
     "FeatureExtractor",
     "default_cache_dir",
     "energy_distance",
+    "explained_fraction",
     "fd_features",
     "fd_floor",
     "frechet_distance",
     "gaussian_stats",
+    "label_variance",
     "median_bandwidth",
     "memorisation_stats",
     "mmd_rbf",
     "mnist_subset_config",
     "nearest_neighbour_distances",
     "nearest_neighbours",
+    "noisy_samples",
+    "relative_score_error",
+    "sample_distances",
     "sliced_wasserstein2",
+    "squared_distances",
     "wasserstein2_1d",
 ]

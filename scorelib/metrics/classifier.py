@@ -24,7 +24,7 @@ test accuracy 98 to 99.7 %. For the MNIST subset (:func:`mnist_subset_config`,
 
 Caching: the trained parameters are stored in ``cache_dir`` under a file name that
 hashes the whole config; a missing or unreadable file means "train and write it"
-(written atomically: temp file, fsync, ``os.replace``). The library takes
+(written atomically with :func:`scorelib._io.atomic_savez`). The library takes
 ``cache_dir`` from the caller; :func:`default_cache_dir` is the documented default
 for entry points to call with ``os.environ``.
 """
@@ -35,7 +35,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 import time
 import warnings
 from collections.abc import Mapping
@@ -47,6 +46,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from scorelib._io import atomic_savez
 from scorelib.data.batching import get_batch
 from scorelib.data.images import ImageDataset, load_digits, load_mnist_subset
 from scorelib.metrics.frechet import fd_features
@@ -259,20 +259,6 @@ def _flat_params(model) -> dict[str, np.ndarray]:
     return {jax.tree_util.keystr(k): np.asarray(v) for k, v in leaves}
 
 
-def _save_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _load(path: Path, config: ClassifierConfig, in_shape):
     """The cached model and info, or ``None`` if absent, unreadable or mismatched."""
     if not path.is_file():
@@ -358,7 +344,7 @@ class FeatureExtractor:
             arrays["__config__"] = np.array(config.to_json())
             arrays["__test_accuracy__"] = np.array(info["test_accuracy"])
             arrays["__train_time_s__"] = np.array(info["train_time_s"])
-            _save_atomic(path, arrays)
+            atomic_savez(path, **arrays)
             ext = cls(model, config, info, cached=False)
         ext.input_shape = dataset.data_shape
         return ext

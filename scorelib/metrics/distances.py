@@ -27,13 +27,25 @@ def _as_2d(x, y):
     return x, y
 
 
-def _sq_dists(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``[p, q]`` squared Euclidean distances.
+def squared_distances(a, b) -> np.ndarray:
+    """``[p, q]`` squared Euclidean distances between the rows of ``a`` and ``b``, float64.
 
-    The fast form ``|a|^2 + |b|^2 - 2 a.b`` loses all relative precision for nearly
-    coincident points, so entries below ``1e-8 (|a|^2 + |b|^2)`` are recomputed
-    from the differences (equal points get exactly 0).
+    The one pairwise-distance routine of the metrics (energy distance, MMD, the median
+    heuristic, nearest neighbours). The fast form ``|a|^2 + |b|^2 - 2 a.b`` loses all
+    relative precision for nearly coincident points, so entries below
+    ``1e-8 (|a|^2 + |b|^2)`` are recomputed from the differences: equal rows get exactly
+    0, and every entry has a relative error of order ``1e-8`` or better.
+
+    Args:
+      a: ``[p, *shape]``; b: ``[q, *shape]`` (flattened to ``d`` features; data units).
+
+    Returns:
+      ``[p, q]`` float64, squared data units.
+
+    Raises:
+      ValueError: for empty, non-finite or mismatched inputs.
     """
+    a, b = _as_2d(a, b)
     na, nb = (a * a).sum(1)[:, None], (b * b).sum(1)[None, :]
     d2 = na + nb - 2.0 * a @ b.T
     i, j = np.nonzero(d2 <= 1e-8 * (na + nb))
@@ -46,7 +58,7 @@ def _block_sum(a: np.ndarray, b: np.ndarray, fn, *, same: bool = False) -> float
     """``sum_ij fn(|a_i - b_j|^2)`` in row blocks; ``same``: ``b is a``, diagonal set to 0."""
     total = 0.0
     for s in range(0, a.shape[0], _BLOCK):
-        d2 = _sq_dists(a[s : s + _BLOCK], b)
+        d2 = squared_distances(a[s : s + _BLOCK], b)
         if same:
             r = np.arange(d2.shape[0])
             d2[r, s + r] = 0.0
@@ -157,7 +169,7 @@ def median_bandwidth(x, y, max_points: int = 1000) -> float:
     xs = x[np.linspace(0, x.shape[0] - 1, min(k, x.shape[0])).astype(int)]
     ys = y[np.linspace(0, y.shape[0] - 1, min(k, y.shape[0])).astype(int)]
     z = np.concatenate([xs, ys])
-    d2 = _sq_dists(z, z)
+    d2 = squared_distances(z, z)
     iu = np.triu_indices(z.shape[0], k=1)
     h = float(np.sqrt(np.median(d2[iu])))
     if not h > 0.0:
@@ -201,3 +213,26 @@ def mmd_rbf(x, y, bandwidth: float | None = None, *, unbiased: bool = False) -> 
         raise ValueError(f"unbiased MMD needs n, m >= 2; got {n}, {m}")
     # the diagonal k(x_i, x_i) = 1 exactly
     return (kxx - n) / (n * (n - 1)) + (kyy - m) / (m * (m - 1)) - 2.0 * kxy
+
+
+def sample_distances(samples, reference, *, n_projections: int = 256, seed: int = 0) -> dict:
+    """Energy distance and sliced W2 of ``samples`` to ``reference`` (NaN for failed samples).
+
+    Args:
+      samples: ``[n, *shape]`` generated samples; reference: ``[m, *shape]`` exact samples.
+      n_projections, seed: as :func:`sliced_wasserstein2`.
+
+    Returns:
+      ``{"energy": D^2 (data units), "sw2": SW2 (data units)}``; both ``nan`` when
+      ``samples`` holds a NaN or inf (a diverged sampler: reported, not raised).
+
+    Raises:
+      ValueError: as :func:`energy_distance` for a bad ``reference`` or mismatched shapes.
+    """
+    x = np.asarray(samples, dtype=np.float64)
+    if not np.all(np.isfinite(x)):
+        return {"energy": float("nan"), "sw2": float("nan")}
+    return {
+        "energy": energy_distance(x, reference),
+        "sw2": sliced_wasserstein2(x, reference, n_projections=n_projections, seed=seed),
+    }

@@ -120,7 +120,9 @@ def fd_floor(train_features, ref_features, n: int, *, draws: int = 5, seed: int 
     """
     if n < 2 or draws < 1:
         raise ValueError(f"fd_floor needs n >= 2 and draws >= 1; got n={n}, draws={draws}")
-    train = np.asarray(train_features, dtype=np.float64)
+    train = np.asarray(train_features)  # rows are converted to float64 once drawn
+    if train.ndim != 2 or train.shape[0] < 1:
+        raise ValueError(f"train_features must be [m >= 1, f]; got shape {train.shape}")
     ref_stats = gaussian_stats(ref_features)
     rng = np.random.default_rng(seed)
     fds = [

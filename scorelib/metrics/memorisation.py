@@ -7,40 +7,23 @@ this. Distances are L2 in pixel space (data units: images in ``[-1, 1]``).
 
 from __future__ import annotations
 
-import functools
-
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-_K = 8  # candidates from the fast expansion, re-ranked with exact differences
-
-
-@functools.partial(jax.jit, static_argnames=("k", "exclude_self"))
-def _knn_block(q, q_index, train, train_sq, *, k, exclude_self):
-    # fast candidates: |q|^2 + |t|^2 - 2 q.t (float32 round-off is fixed below)
-    d2 = jnp.sum(q * q, axis=1)[:, None] + train_sq[None, :] - 2.0 * q @ train.T
-    if exclude_self:
-        d2 = jnp.where(jnp.arange(train.shape[0])[None, :] == q_index[:, None], jnp.inf, d2)
-    _, cand = jax.lax.top_k(-d2, k)  # [b, k]
-    exact = jnp.sqrt(jnp.sum((q[:, None, :] - train[cand]) ** 2, axis=-1))  # [b, k]
-    if exclude_self:
-        exact = jnp.where(cand == q_index[:, None], jnp.inf, exact)
-    order = jnp.argsort(exact, axis=1)
-    return jnp.take_along_axis(exact, order, 1), jnp.take_along_axis(cand, order, 1)
+from scorelib._checks import check_int
+from scorelib.metrics.distances import squared_distances
 
 
 def nearest_neighbours(samples, train, *, k: int = 1, block_size: int = 256, exclude_self=False):
     """Exact ``k`` nearest training images of each sample (L2 in pixel space).
 
-    Candidates come from the expanded form ``|a|^2 + |b|^2 - 2 a.b`` in float32 and
-    the best ``max(k, 8)`` are re-ranked with directly computed differences, so a
-    sample equal to a training image gets distance exactly 0.
+    Distances come from :func:`scorelib.metrics.distances.squared_distances` (float64,
+    exact where points nearly coincide), so a sample equal to a training image gets
+    distance exactly 0.
 
     Args:
       samples: ``[n, *shape]``; train: ``[m, *shape]``.
       k: neighbours per sample (``1 <= k <= m``, minus one with ``exclude_self``).
-      block_size: samples per jitted block; memory is ``O(block_size * m)``.
+      block_size: samples per block; memory is ``O(block_size * m)``.
       exclude_self: ``samples`` is ``train`` itself; sample ``i`` may not match
         training index ``i`` (leave-one-out; duplicates at other indices still count).
 
@@ -50,8 +33,8 @@ def nearest_neighbours(samples, train, *, k: int = 1, block_size: int = 256, exc
     Raises:
       ValueError: for empty or mismatched inputs, or an impossible ``k``.
     """
-    s = np.asarray(samples, dtype=np.float32)
-    t = np.asarray(train, dtype=np.float32)
+    s = np.asarray(samples)
+    t = np.asarray(train)
     if s.ndim < 1 or t.ndim < 1 or s.shape[0] < 1 or t.shape[0] < 1:
         raise ValueError(f"samples and train must be non-empty; got {s.shape}, {t.shape}")
     if s.shape[1:] != t.shape[1:]:
@@ -61,21 +44,21 @@ def nearest_neighbours(samples, train, *, k: int = 1, block_size: int = 256, exc
     m = t.shape[0] - (1 if exclude_self else 0)
     if not 1 <= k <= m:
         raise ValueError(f"k must be in [1, {m}]; got {k}")
+    block_size = check_int(block_size, "block_size", low=1)
+    t = t.reshape(t.shape[0], -1)
     s = s.reshape(s.shape[0], -1)
-    t = jnp.asarray(t.reshape(t.shape[0], -1))
-    t_sq = jnp.sum(t * t, axis=1)
-    kk = min(max(k, _K), t.shape[0])
-    n = s.shape[0]
     dists, idxs = [], []
-    for start in range(0, n, block_size):
-        q = s[start : start + block_size]
-        pad = block_size - q.shape[0] if n > block_size else 0
-        qi = np.arange(start, start + q.shape[0] + pad, dtype=np.int32)
-        q = np.pad(q, ((0, pad), (0, 0)))
-        d, i = _knn_block(jnp.asarray(q), jnp.asarray(qi), t, t_sq, k=kk, exclude_self=exclude_self)
-        dists.append(np.asarray(d)[: q.shape[0] - pad, :k])
-        idxs.append(np.asarray(i)[: q.shape[0] - pad, :k])
-    return np.concatenate(dists), np.concatenate(idxs).astype(np.int32)
+    for start in range(0, s.shape[0], block_size):
+        d2 = squared_distances(s[start : start + block_size], t)
+        rows = np.arange(d2.shape[0])
+        if exclude_self:
+            d2[rows, start + rows] = np.inf
+        cand = np.argpartition(d2, k - 1, axis=1)[:, :k]  # the k smallest, unordered
+        order = np.argsort(d2[rows[:, None], cand], axis=1)
+        idx = np.take_along_axis(cand, order, 1)
+        dists.append(np.sqrt(d2[rows[:, None], idx]))
+        idxs.append(idx)
+    return np.concatenate(dists).astype(np.float32), np.concatenate(idxs).astype(np.int32)
 
 
 def nearest_neighbour_distances(samples, train, *, block_size: int = 256) -> np.ndarray:

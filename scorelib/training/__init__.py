@@ -35,6 +35,7 @@ from scorelib.training.checkpoint import (
 from scorelib.training.ema import EMA, ema_decay, ema_update
 from scorelib.training.loop import STOP_SIGNALS, Interrupted, exit_status, train
 from scorelib.training.metrics_log import MetricsWriter
+from scorelib.training.multi_seed import stack, train_seeds, unstack
 from scorelib.training.optim import make_optimizer, warmup_schedule
 from scorelib.training.state import TrainState, abstract_state, create_state, init_state
 from scorelib.training.step import make_train_step, network_source
@@ -53,6 +54,9 @@ __all__ = [
     "exit_status",
     "train",
     "MetricsWriter",
+    "stack",
+    "train_seeds",
+    "unstack",
     "make_optimizer",
     "warmup_schedule",
     "TrainState",

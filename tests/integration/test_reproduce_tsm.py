@@ -1,6 +1,6 @@
 """End to end: ``python -m experiments.reproduce table=tsm_low_noise table.scale=smoke``
 through the real command line (targets, objectives, training, sampler, metrics, writer),
-and a configuration error reported as one line with exit status 2."""
+and configuration errors (a bad field, no ``table=``) reported as one line with exit status 2."""
 
 import json
 import os
@@ -76,3 +76,14 @@ def test_tsm_low_noise_bad_config_is_one_line(tmp_path):
     )
     assert p.returncode == 2
     assert "error: table.sigmas: 1e-05 is outside the VE-frame range" in p.stderr
+
+
+def test_reproduce_without_a_table_is_one_line(tmp_path):
+    run_dir = tmp_path / "run"
+    p = _reproduce(f"hydra.run.dir={run_dir}", timeout=120)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [
+        "error: table= is required; choose one of "
+        "['gaussian_teleport', 'gaussian_teleport_cifar10', 'tsm_low_noise']"
+    ]
+    assert not run_dir.exists()  # nothing left behind

@@ -1,4 +1,5 @@
-"""SW2, energy distance and RBF-MMD against brute-force loops and closed forms."""
+"""Pairwise distances, SW2, energy distance and RBF-MMD against brute-force loops and closed
+forms."""
 
 import itertools
 import math
@@ -11,7 +12,9 @@ from scorelib.metrics import (
     energy_distance,
     median_bandwidth,
     mmd_rbf,
+    sample_distances,
     sliced_wasserstein2,
+    squared_distances,
     wasserstein2_1d,
 )
 
@@ -146,3 +149,27 @@ def test_input_errors():
         mmd_rbf(x, x)  # median of all-zero distances
     with pytest.raises(ValueError, match="n_projections"):
         sliced_wasserstein2(x, x + 1, n_projections=0)
+
+
+def test_squared_distances_brute_force_and_exact_zero():
+    rng = np.random.default_rng(4)
+    a = 50.0 + rng.standard_normal((7, 2, 3))  # large norms: the expanded form cancels
+    b = np.concatenate([a[[4]], a[[1]] + 1e-7, 50.0 + rng.standard_normal((3, 2, 3))])
+    d2 = squared_distances(a, b)
+    brute = np.array([[np.sum((x - y) ** 2) for y in b] for x in a])
+    np.testing.assert_allclose(d2, brute, rtol=1e-8, atol=0)
+    assert d2[4, 0] == 0.0 and d2[1, 1] == pytest.approx(6e-14, rel=1e-6)
+    with pytest.raises(ValueError, match="different example sizes"):
+        squared_distances(np.zeros((2, 3)), np.zeros((2, 4)))
+
+
+def test_sample_distances_reports_failed_samples_as_nan():
+    rng = np.random.default_rng(5)
+    x, y = rng.standard_normal((50, 3)), rng.standard_normal((60, 3))
+    got = sample_distances(x, y, n_projections=8, seed=2)
+    assert got == {
+        "energy": energy_distance(x, y),
+        "sw2": sliced_wasserstein2(x, y, n_projections=8, seed=2),
+    }
+    x[3, 1] = np.inf
+    assert all(math.isnan(v) for v in sample_distances(x, y).values())

@@ -12,24 +12,18 @@ from experiments.tables import gaussian_teleport_cifar10 as gc
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "table"
 
 
-def test_explained_fraction():
-    rng = np.random.default_rng(0)
-    s = rng.normal(size=(50, 8))
-    assert gt.explained_fraction(s, s) == 1.0
-    assert gt.explained_fraction(s, np.zeros_like(s)) == pytest.approx(0.0)
-    assert gt.explained_fraction(s, -s) == pytest.approx(-3.0)
-    # Pooled over the batch, not a mean of per-example ratios.
-    a, b = np.array([[1.0, 0.0], [10.0, 0.0]]), np.array([[0.0, 0.0], [10.0, 0.0]])
-    assert gt.explained_fraction(a, b) == pytest.approx(1 - 1 / 101)
-
-
 def row(k, nfe, m, s):
     return {"skip": k, "sigma_skip": 80.0 / (k + 1), "nfe": nfe, "fd_mean": m, "fd_std": s}
 
 
 def test_largest_safe_skip_is_contiguous_from_zero():
-    rows = [row(0, 35, 10.0, 1.0), row(1, 33, 10.5, 2.0), row(2, 31, 10.9, 0.1),
-            row(3, 29, 11.5, 0.1), row(4, 27, 10.2, 0.1)]  # k = 4 is below the limit again
+    rows = [
+        row(0, 35, 10.0, 1.0),
+        row(1, 33, 10.5, 2.0),
+        row(2, 31, 10.9, 0.1),
+        row(3, 29, 11.5, 0.1),
+        row(4, 27, 10.2, 0.1),
+    ]  # k = 4 is below the limit again
     s = gt.largest_safe_skip(rows)
     assert s["skip"] == 2 and s["nfe"] == 31 and s["fd_limit"] == 11.0
     assert s["nfe_saved"] == pytest.approx(4 / 35)
@@ -79,8 +73,9 @@ def test_cifar_table_fails_fast_naming_the_missing_input(tmp_path):
     with pytest.raises(ValueError, match=r"table.checkpoint is required.*experiments.train"):
         gc.compute(cifar_cfg(data_path=str(npz)), tmp_path)
     with pytest.raises(FileNotFoundError, match=r"table.data_path=.*missing.npz: no such file"):
-        gc.compute(cifar_cfg(data_path=str(tmp_path / "missing.npz"), checkpoint=str(tmp_path)),
-                   tmp_path)
+        gc.compute(
+            cifar_cfg(data_path=str(tmp_path / "missing.npz"), checkpoint=str(tmp_path)), tmp_path
+        )
     with pytest.raises(FileNotFoundError, match=r"table.checkpoint=.*no config.yaml"):
         gc.compute(cifar_cfg(data_path=str(npz), checkpoint=str(tmp_path / "run")), tmp_path)
     (tmp_path / "run").mkdir()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from experiments.reproduce import resolve_runner
+from experiments.reproduce import require_table, resolve_runner, table_names
 from experiments.tables import common
 from experiments.tables import tsm_low_noise as tln
 
@@ -86,6 +86,16 @@ def test_resolve_runner():
         resolve_runner(
             OmegaConf.create({"name": "x", "runner": "experiments.tables.common:missing"})
         )
+
+
+def test_table_is_required_and_the_choices_are_the_table_configs():
+    names = table_names()
+    assert names == sorted(p.stem for p in CONFIG.parent.glob("*.yaml"))
+    assert "tsm_low_noise" in names and "gaussian_teleport" in names
+    with pytest.raises(ValueError, match=r"^table= is required; choose one of \['gaussian_t"):
+        require_table(OmegaConf.create({}))
+    cfg = OmegaConf.create({"table": {"name": "tsm_low_noise"}})
+    assert require_table(cfg).name == "tsm_low_noise"
 
 
 def test_tsm_settings_smoke_merge_and_validation():
