@@ -98,7 +98,7 @@ def train_model(overrides: list[str], model_dir: Path, *, progress: bool = False
             nonfinite=cfg.trainer.nonfinite,
             desc=cfg.name,
             progress=progress,
-            handle_sigterm=False,
+            handle_signals=False,
             tensorboard=False,
         )
     finally:
