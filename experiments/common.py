@@ -234,8 +234,10 @@ def hydra_app(config_name: str):
             from hydra.errors import HydraException
             from omegaconf.errors import OmegaConfBaseException
 
-            from scorelib.training import Preempted
+            from scorelib import training
 
+            # MERGE: `training.Interrupted` (SIGINT, SIGTERM, SIGUSR1) replaces `Preempted`.
+            stopped = getattr(training, "Interrupted", None) or training.Preempted
             traceback = bool(os.environ.get("SCORELIB_TRACEBACK"))
             traceback = traceback or bool(os.environ.get("HYDRA_FULL_ERROR"))
             saved = os.environ.get("HYDRA_FULL_ERROR")
@@ -247,12 +249,11 @@ def hydra_app(config_name: str):
                     raise
                 print(f"error: {config_error_line(e)}", file=sys.stderr)
                 sys.exit(USAGE_ERROR)
-            except Preempted as e:
-                # MERGE: print the library's own message (str(e)) and exit with its status
-                # once the training branch raises one exception for SIGINT and SIGTERM.
-                status = getattr(e, "exit_status", e.code)
-                print(f"saved step {e.step}; rerun the same command to resume", file=sys.stderr)
-                sys.exit(status)
+            except stopped as e:  # a signal stopped training after saving a step
+                line = getattr(e, "message", None)
+                line = line or f"saved step {e.step}; rerun the same command to resume"
+                print(line, file=sys.stderr)
+                sys.exit(e.code)
             except KeyboardInterrupt:
                 if traceback:
                     raise
@@ -292,8 +293,9 @@ def discard_unused_output_dir(output_dir: Path, top: Path) -> None:
 
 def _output_top(cfg) -> tuple[Path, Path] | None:
     """``(output_dir, top)`` of this Hydra job: ``top`` is ``cfg.run_dir`` for apps that
-    take one, else the part of the output directory above the override names (for
-    ``outputs/<name>/data.path-/abs/x.npz`` that is ``outputs/<name>``)."""
+    take one, else the part of the output directory above the override names, up to its
+    first directory below the working directory (for ``outputs/<name>/data.path-/abs/x.npz``
+    that is ``outputs``: removed only if the failed command left it empty)."""
     from hydra.core.hydra_config import HydraConfig
 
     if not HydraConfig.initialized():
@@ -304,9 +306,13 @@ def _output_top(cfg) -> tuple[Path, Path] | None:
         return out, Path(cfg.run_dir)
     name = str(hc.job.override_dirname or "")
     text = str(out)
-    if name and text.endswith(name):
-        return out, Path(text[: -len(name)] or ".")
-    return out, out
+    if not (name and text.endswith(name)):
+        return out, out
+    top = Path(text[: -len(name)] or ".").resolve()
+    cwd = Path.cwd().resolve()
+    if cwd in top.parents:  # outputs/<name>/...: up to outputs/, if this command made it
+        top = cwd / top.relative_to(cwd).parts[0]
+    return out, top
 
 
 def clean_errors(fn):

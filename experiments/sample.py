@@ -230,9 +230,8 @@ def load_run(run_dir: str | Path, sampler_cfg: DictConfig | None = None, step: i
     run = setup(cfg)
     ckpt = checkpointer(run, run_dir)
     try:
-        state = ckpt.restore(
-            steps[-1] if step is None else step, training.abstract_state(run.state)
-        )
+        abstract = training.abstract_state(run.state)
+        state = ckpt.restore_latest(abstract) if step is None else ckpt.restore(step, abstract)
     finally:
         ckpt.close()
     return run, state

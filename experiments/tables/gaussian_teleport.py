@@ -85,15 +85,27 @@ def train_model(overrides: list[str], model_dir: Path, *, progress: bool = False
     cfg = _compose_train_cfg(overrides)
     t0 = time.perf_counter()
     run = train_app.setup(cfg)
-    write_run_info(model_dir, cfg, seed=cfg.trainer.seed,
-                   extra={"trained_by": "experiments.tables.gaussian_teleport",
-                          "overrides": list(overrides)})
+    write_run_info(
+        model_dir,
+        cfg,
+        seed=cfg.trainer.seed,
+        extra={"trained_by": "experiments.tables.gaussian_teleport", "overrides": list(overrides)},
+    )
     ckpt = train_app.checkpointer(run, model_dir)
     try:
-        training.train(run.state, run.step_fn, num_steps=cfg.trainer.steps, ckpt=ckpt,
-                       log_dir=str(model_dir), log_every=cfg.trainer.log_every,
-                       nonfinite=cfg.trainer.nonfinite, desc=cfg.name, progress=progress,
-                       handle_sigterm=False, tensorboard=False)
+        training.train(
+            run.state,
+            run.step_fn,
+            num_steps=cfg.trainer.steps,
+            ckpt=ckpt,
+            log_dir=str(model_dir),
+            log_every=cfg.trainer.log_every,
+            nonfinite=cfg.trainer.nonfinite,
+            desc=cfg.name,
+            progress=progress,
+            handle_sigterm=False,
+            tensorboard=False,
+        )
     finally:
         ckpt.close()
     return time.perf_counter() - t0
@@ -124,8 +136,16 @@ def _scores(source: ScoreSource, x, t):
     return source.score(x, t)
 
 
-def explained_table(process, net: ScoreSource, approx: dict[str, ScoreSource], x0: np.ndarray,
-                    sigmas, *, seed: int, batch: int = 250) -> list[dict]:
+def explained_table(
+    process,
+    net: ScoreSource,
+    approx: dict[str, ScoreSource],
+    x0: np.ndarray,
+    sigmas,
+    *,
+    seed: int,
+    batch: int = 250,
+) -> list[dict]:
     """Rows ``{sigma, <name>: explained fraction}`` for every sigma (VE noise level).
 
     Query points ``x = alpha(t) (x0 + sigma eps)`` with ``t = t_of_ve_sigma(sigma)``; every
@@ -156,23 +176,26 @@ def explained_table(process, net: ScoreSource, approx: dict[str, ScoreSource], x
             s_app = np.concatenate(out[name])
             row[name] = explained_fraction(s_net, s_app)
             diff = (a * sig**2) * (s_net.astype(np.float64) - s_app)
-            row[name + "_denoiser"] = float(1.0 - np.sum(diff**2) / np.sum(d_net.astype(
-                np.float64) ** 2))
+            row[name + "_denoiser"] = float(
+                1.0 - np.sum(diff**2) / np.sum(d_net.astype(np.float64) ** 2)
+            )
         rows.append(row)
     return rows
 
 
 # --------------------------------------------------------------------------- (b) skips
-def sample_teleported(sampler_name, source, gaussian, data_shape, *, grid, skip, seed,
-                      num_samples, batch_size):
+def sample_teleported(
+    sampler_name, source, gaussian, data_shape, *, grid, skip, seed, num_samples, batch_size
+):
     """``num_samples`` samples (numpy) and info; example ``i`` uses ``fold_in(key(seed), i)``."""
     fn = SAMPLER_FNS[sampler_name]
     key = jax.random.key(seed)
     xs, info = [], {}
     for start in range(0, num_samples, batch_size):
         b = min(batch_size, num_samples - start)
-        x, info = teleport(fn, source, gaussian, key, (b, *data_shape), grid=grid, skip=skip,
-                           first_index=start)
+        x, info = teleport(
+            fn, source, gaussian, key, (b, *data_shape), grid=grid, skip=skip, first_index=start
+        )
         xs.append(np.asarray(x))
     return np.concatenate(xs), info
 
@@ -202,13 +225,32 @@ def largest_safe_skip(rows: list[dict]) -> dict:
         else:
             break
     lowest = min(rows, key=lambda r: r["fd_mean"])
-    return {"skip": best["skip"], "sigma": best["sigma_skip"], "nfe": best["nfe"],
-            "nfe_saved": 1.0 - best["nfe"] / base["nfe"], "fd_limit": limit,
-            "fd0": base["fd_mean"], "min_fd_skip": lowest["skip"], "min_fd": lowest["fd_mean"]}
+    return {
+        "skip": best["skip"],
+        "sigma": best["sigma_skip"],
+        "nfe": best["nfe"],
+        "nfe_saved": 1.0 - best["nfe"] / base["nfe"],
+        "fd_limit": limit,
+        "fd0": base["fd_mean"],
+        "min_fd_skip": lowest["skip"],
+        "min_fd": lowest["fd_mean"],
+    }
 
 
-def skip_sweep(source, gaussian, data_shape, fd_of, *, sampler_name, steps, skips, seeds,
-               num_samples, batch_size, log=print) -> list[dict]:
+def skip_sweep(
+    source,
+    gaussian,
+    data_shape,
+    fd_of,
+    *,
+    sampler_name,
+    steps,
+    skips,
+    seeds,
+    num_samples,
+    batch_size,
+    log=print,
+) -> list[dict]:
     """Rows ``{sampler, steps, skip, sigma_skip, nfe, fd_mean, fd_std, fd_seeds}``."""
     grid = edm_grid(steps)
     rows = []
@@ -217,18 +259,34 @@ def skip_sweep(source, gaussian, data_shape, fd_of, *, sampler_name, steps, skip
             continue
         fds, info = [], {}
         for seed in seeds:
-            x, info = sample_teleported(sampler_name, source, gaussian, data_shape, grid=grid,
-                                        skip=k, seed=seed, num_samples=num_samples,
-                                        batch_size=batch_size)
+            x, info = sample_teleported(
+                sampler_name,
+                source,
+                gaussian,
+                data_shape,
+                grid=grid,
+                skip=k,
+                seed=seed,
+                num_samples=num_samples,
+                batch_size=batch_size,
+            )
             fds.append(fd_of(x))
-        rows.append({
-            "sampler": sampler_name, "steps": steps, "skip": int(k),
-            "sigma_skip": float(grid[k]), "nfe": int(info["nfe"]),
-            "fd_mean": float(np.mean(fds)), "fd_std": float(np.std(fds, ddof=1)) if len(fds) > 1
-            else 0.0, "fd_seeds": [float(f) for f in fds],
-        })
-        log(f"  {sampler_name}-{steps} k={k} sigma={grid[k]:.3g} nfe={info['nfe']} "
-            f"FD={rows[-1]['fd_mean']:.2f}+-{rows[-1]['fd_std']:.2f}")
+        rows.append(
+            {
+                "sampler": sampler_name,
+                "steps": steps,
+                "skip": int(k),
+                "sigma_skip": float(grid[k]),
+                "nfe": int(info["nfe"]),
+                "fd_mean": float(np.mean(fds)),
+                "fd_std": float(np.std(fds, ddof=1)) if len(fds) > 1 else 0.0,
+                "fd_seeds": [float(f) for f in fds],
+            }
+        )
+        log(
+            f"  {sampler_name}-{steps} k={k} sigma={grid[k]:.3g} nfe={info['nfe']} "
+            f"FD={rows[-1]['fd_mean']:.2f}+-{rows[-1]['fd_std']:.2f}"
+        )
     return rows
 
 
@@ -245,8 +303,9 @@ class DatasetResult:
     model: dict[str, Any]
 
 
-def analyse_dataset(name: str, source, process, dataset, fd_of, tc: DictConfig,
-                    log=print) -> DatasetResult:
+def analyse_dataset(
+    name: str, source, process, dataset, fd_of, tc: DictConfig, log=print
+) -> DatasetResult:
     """Parts (a) and (b) for one data set; ``fd_of(images) -> float`` vs the test split."""
     timings = {}
     train = np.asarray(dataset.train, np.float32)
@@ -259,32 +318,45 @@ def analyse_dataset(name: str, source, process, dataset, fd_of, tc: DictConfig,
     gaussian = fit_gaussian(process, train, rank=rank)
     gmm_points = tc.get("gmm_fit_points") or train.shape[0]
     gmm_idx = np.random.default_rng(0).permutation(train.shape[0])[: int(gmm_points)]
-    mixture = fit_kmeans_mixture(process, train[np.sort(gmm_idx)], int(tc.gmm_components),
-                                 ridge=float(tc.gmm_ridge), seed=0)
+    mixture = fit_kmeans_mixture(
+        process, train[np.sort(gmm_idx)], int(tc.gmm_components), ridge=float(tc.gmm_ridge), seed=0
+    )
     empirical = EmpiricalScore.create(process, train, chunk=int(tc.empirical_chunk))
     timings["fit_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     rng = np.random.default_rng(int(tc.explained_seed))
-    idx = rng.choice(test.shape[0], size=min(int(tc.explained_points), test.shape[0]),
-                     replace=False)
+    idx = rng.choice(
+        test.shape[0], size=min(int(tc.explained_points), test.shape[0]), replace=False
+    )
     sigmas = edm_grid(int(tc.explained_grid_steps))[:-1]  # the positive points
     explained = explained_table(
-        process, source, {"gaussian": gaussian, "gmm": mixture, "training_set": empirical},
-        test[idx], sigmas, seed=int(tc.explained_seed),
+        process,
+        source,
+        {"gaussian": gaussian, "gmm": mixture, "training_set": empirical},
+        test[idx],
+        sigmas,
+        seed=int(tc.explained_seed),
     )
     timings["explained_s"] = time.perf_counter() - t0
-    log(f"[{name}] explained fractions at {len(sigmas)} sigmas: "
-        f"{timings['explained_s']:.1f} s")
+    log(f"[{name}] explained fractions at {len(sigmas)} sigmas: {timings['explained_s']:.1f} s")
 
     t0 = time.perf_counter()
     sweeps, summary = {}, {}
     for sw in tc.sweeps:
         key = f"{sw.sampler}-{sw.steps}"
         sweeps[key] = skip_sweep(
-            source, gaussian, data_shape, fd_of, sampler_name=sw.sampler, steps=int(sw.steps),
-            skips=list(sw.skips), seeds=list(tc.seeds), num_samples=int(tc.num_samples),
-            batch_size=int(tc.batch_size), log=log,
+            source,
+            gaussian,
+            data_shape,
+            fd_of,
+            sampler_name=sw.sampler,
+            steps=int(sw.steps),
+            skips=list(sw.skips),
+            seeds=list(tc.seeds),
+            num_samples=int(tc.num_samples),
+            batch_size=int(tc.batch_size),
+            log=log,
         )
         summary[key] = largest_safe_skip(sweeps[key])
     timings["sweeps_s"] = time.perf_counter() - t0
@@ -293,10 +365,17 @@ def analyse_dataset(name: str, source, process, dataset, fd_of, tc: DictConfig,
     floor_rng = np.random.default_rng(0)
     # i.i.d. draws of training images, as a perfect sampler would give (metrics.fd_floor)
     fd_floor = fd_of(train[floor_rng.integers(0, train.shape[0], int(tc.num_samples))])
-    g_only = [fd_of(gaussian_only_samples(gaussian, data_shape, grid=grid, seed=s,
-                                          num_samples=int(tc.num_samples))) for s in tc.seeds]
-    return DatasetResult(name, explained, sweeps, summary, float(fd_floor),
-                         [float(v) for v in g_only], timings, {})
+    g_only = [
+        fd_of(
+            gaussian_only_samples(
+                gaussian, data_shape, grid=grid, seed=s, num_samples=int(tc.num_samples)
+            )
+        )
+        for s in tc.seeds
+    ]
+    return DatasetResult(
+        name, explained, sweeps, summary, float(fd_floor), [float(v) for v in g_only], timings, {}
+    )
 
 
 def fd_function(data_name: str, dataset, cache_dir):
@@ -333,11 +412,13 @@ def _settings(cfg: DictConfig) -> DictConfig:
         raise ValueError("table.seeds must list at least one seed")
     for sw in tc.sweeps:
         if sw.sampler not in SAMPLER_FNS:
-            raise ValueError(f"table.sweeps[].sampler must be one of {list(SAMPLER_FNS)}; "
-                             f"got {sw.sampler!r}")
+            raise ValueError(
+                f"table.sweeps[].sampler must be one of {list(SAMPLER_FNS)}; got {sw.sampler!r}"
+            )
         if 0 not in list(sw.skips):
-            raise ValueError(f"table.sweeps[].skips must include 0 (the reference); got "
-                             f"{list(sw.skips)}")
+            raise ValueError(
+                f"table.sweeps[].skips must include 0 (the reference); got {list(sw.skips)}"
+            )
     return tc
 
 
@@ -369,10 +450,14 @@ def run_dataset(data_name: str, tc: DictConfig, run_dir: Path, log=print) -> Dat
     timings["classifier_s"] = time.perf_counter() - t0
     res = analyse_dataset(data_name, source, run.process, dataset, fd_of, tc, log=log)
     res.timings = {**timings, **res.timings}
-    res.model = {"run_dir": str(model_dir), "step": step, "trained": trained,
-                 "model": build.to_container(run.cfg.model),
-                 "train_steps": int(run.cfg.trainer.steps),
-                 "batch_size": int(run.cfg.trainer.batch_size)}
+    res.model = {
+        "run_dir": str(model_dir),
+        "step": step,
+        "trained": trained,
+        "model": build.to_container(run.cfg.model),
+        "train_steps": int(run.cfg.trainer.steps),
+        "batch_size": int(run.cfg.trainer.batch_size),
+    }
     return res
 
 
@@ -382,8 +467,9 @@ def compute(cfg: DictConfig, run_dir: Path, log=print) -> dict:
     tc = _settings(cfg)
     for name in tc.datasets:
         if name not in tc.data:
-            raise ValueError(f"table.datasets: {name!r} has no entry under table.data "
-                             f"(have {list(tc.data)})")
+            raise ValueError(
+                f"table.datasets: {name!r} has no entry under table.data (have {list(tc.data)})"
+            )
         ck = tc.data[name].checkpoint
         if ck and not (Path(ck) / "config.yaml").is_file():
             raise FileNotFoundError(
@@ -407,24 +493,63 @@ def _fmt(v, nd=3):
 
 
 def explained_rows(results: dict) -> tuple[list[str], list[list]]:
-    cols = ["data", "sigma", "gaussian", "gmm (k-means 10)", "training set (exact)",
-            "best", "gaussian [D]", "gmm [D]", "training set [D]", "paper"]
+    cols = [
+        "data",
+        "sigma",
+        "gaussian",
+        "gmm (k-means 10)",
+        "training set (exact)",
+        "best",
+        "gaussian [D]",
+        "gmm [D]",
+        "training set [D]",
+        "paper",
+    ]
     rows = []
     for name, res in results.items():
         for r in res.explained:
             vals = {"gaussian": r["gaussian"], "gmm": r["gmm"], "training_set": r["training_set"]}
             best = max(vals, key=vals.get)
-            claim = ("Gaussian explains s_net" if r["sigma"] >= 1.0 else
-                     "gmm > training set" if r["sigma"] <= 0.1 else "")
-            rows.append([name, r["sigma"], r["gaussian"], r["gmm"], r["training_set"], best,
-                         r["gaussian_denoiser"], r["gmm_denoiser"], r["training_set_denoiser"],
-                         claim])
+            claim = (
+                "Gaussian explains s_net"
+                if r["sigma"] >= 1.0
+                else "gmm > training set"
+                if r["sigma"] <= 0.1
+                else ""
+            )
+            rows.append(
+                [
+                    name,
+                    r["sigma"],
+                    r["gaussian"],
+                    r["gmm"],
+                    r["training_set"],
+                    best,
+                    r["gaussian_denoiser"],
+                    r["gmm_denoiser"],
+                    r["training_set_denoiser"],
+                    claim,
+                ]
+            )
     return cols, rows
 
 
 def sweep_rows(results: dict) -> tuple[list[str], list[list]]:
-    cols = ["data", "sampler", "steps", "skip k", "sigma_skip", "NFE", "NFE saved", "FD mean",
-            "FD std", "FD per seed", "paired dFD vs k=0 (mean)", "paired dFD (std)", "paper"]
+    cols = [
+        "data",
+        "sampler",
+        "steps",
+        "skip k",
+        "sigma_skip",
+        "NFE",
+        "NFE saved",
+        "FD mean",
+        "FD std",
+        "FD per seed",
+        "paired dFD vs k=0 (mean)",
+        "paired dFD (std)",
+        "paper",
+    ]
     rows = []
     for name, res in results.items():
         for _key, sweep in res.sweeps.items():
@@ -434,24 +559,60 @@ def sweep_rows(results: dict) -> tuple[list[str], list[list]]:
                 # Seeds share their initial noise across skips, so per-seed differences
                 # are paired and much less noisy than the spread over seeds.
                 dfd = np.asarray(r["fd_seeds"]) - fd0
-                rows.append([name, r["sampler"], r["steps"], r["skip"], r["sigma_skip"], r["nfe"],
-                             1 - r["nfe"] / nfe0, r["fd_mean"], r["fd_std"],
-                             " / ".join(f"{v:.4g}" for v in r["fd_seeds"]), float(dfd.mean()),
-                             float(dfd.std(ddof=1)) if dfd.size > 1 else 0.0, ""])
+                rows.append(
+                    [
+                        name,
+                        r["sampler"],
+                        r["steps"],
+                        r["skip"],
+                        r["sigma_skip"],
+                        r["nfe"],
+                        1 - r["nfe"] / nfe0,
+                        r["fd_mean"],
+                        r["fd_std"],
+                        " / ".join(f"{v:.4g}" for v in r["fd_seeds"]),
+                        float(dfd.mean()),
+                        float(dfd.std(ddof=1)) if dfd.size > 1 else 0.0,
+                        "",
+                    ]
+                )
     return cols, rows
 
 
 def summary_rows(results: dict) -> tuple[list[str], list[list]]:
-    cols = ["data", "sampler", "largest safe skip", "sigma_skip", "NFE", "NFE saved",
-            "FD limit (FD0 + sd0)", "skip of lowest FD", "lowest FD", "FD floor (train vs test)",
-            "FD Gaussian only (NFE 0)", "paper"]
+    cols = [
+        "data",
+        "sampler",
+        "largest safe skip",
+        "sigma_skip",
+        "NFE",
+        "NFE saved",
+        "FD limit (FD0 + sd0)",
+        "skip of lowest FD",
+        "lowest FD",
+        "FD floor (train vs test)",
+        "FD Gaussian only (NFE 0)",
+        "paper",
+    ]
     rows = []
     for name, res in results.items():
         for key, s in res.summary.items():
-            rows.append([name, key, s["skip"], s["sigma"], s["nfe"], s["nfe_saved"],
-                         s["fd_limit"], s["min_fd_skip"], s["min_fd"], res.fd_floor,
-                         float(np.mean(res.fd_gaussian_only)),
-                         "skip 15-30% of steps at no loss (CIFAR-10 FID 1.93)"])
+            rows.append(
+                [
+                    name,
+                    key,
+                    s["skip"],
+                    s["sigma"],
+                    s["nfe"],
+                    s["nfe_saved"],
+                    s["fd_limit"],
+                    s["min_fd_skip"],
+                    s["min_fd"],
+                    res.fd_floor,
+                    float(np.mean(res.fd_gaussian_only)),
+                    "skip 15-30% of steps at no loss (CIFAR-10 FID 1.93)",
+                ]
+            )
     return cols, rows
 
 
@@ -466,8 +627,11 @@ def make_figure(results: dict, path: Path) -> None:
     for j, (name, res) in enumerate(results.items()):
         ax = axes[0, j]
         sig = [r["sigma"] for r in res.explained]
-        for key, label in [("gaussian", "Gaussian"), ("gmm", "GMM (k-means 10)"),
-                           ("training_set", "training set (exact)")]:
+        for key, label in [
+            ("gaussian", "Gaussian"),
+            ("gmm", "GMM (k-means 10)"),
+            ("training_set", "training set (exact)"),
+        ]:
             ax.plot(sig, [max(1.0 - r[key], 1e-12) for r in res.explained], "o-", label=label)
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -478,8 +642,14 @@ def make_figure(results: dict, path: Path) -> None:
         ax.legend(fontsize=8)
         ax = axes[1, j]
         for key, sweep in res.sweeps.items():
-            ax.errorbar([r["nfe"] for r in sweep], [r["fd_mean"] for r in sweep],
-                        yerr=[r["fd_std"] for r in sweep], marker="o", capsize=2, label=key)
+            ax.errorbar(
+                [r["nfe"] for r in sweep],
+                [r["fd_mean"] for r in sweep],
+                yerr=[r["fd_std"] for r in sweep],
+                marker="o",
+                capsize=2,
+                label=key,
+            )
         ax.axhline(res.fd_floor, color="grey", ls="--", lw=0.8, label="floor (train vs test)")
         fds = [r["fd_mean"] for sweep in res.sweeps.values() for r in sweep]
         if max(fds) > 100 * max(min(fds), 1e-12):  # a diverging plain sampler: log scale
@@ -534,11 +704,17 @@ def report(out: dict) -> dict:
     notes.append(f"total wall time {out['wall_s']:.0f} s")
     tables = []
     for name, fn, caption in [
-        ("explained", explained_rows,
-         "Fraction of the network score explained, 1 - sum||s_net - s||^2 / sum||s_net||^2, "
-         "at noised test images, per sigma of the EDM grid."),
-        ("skips", sweep_rows,
-         "Teleport k steps in closed form, then sample: FD vs the test split over seeds."),
+        (
+            "explained",
+            explained_rows,
+            "Fraction of the network score explained, 1 - sum||s_net - s||^2 / sum||s_net||^2, "
+            "at noised test images, per sigma of the EDM grid.",
+        ),
+        (
+            "skips",
+            sweep_rows,
+            "Teleport k steps in closed form, then sample: FD vs the test split over seeds.",
+        ),
         ("summary", summary_rows, "Largest skip at no loss (FD within one std of k = 0)."),
     ]:
         cols, rows = fn(results)
@@ -554,8 +730,11 @@ def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     out = compute(cfg, run_dir, log=log)
-    (run_dir / "results.json").write_text(json.dumps(
-        {"results": _to_json(out["results"]), "wall_s": out["wall_s"]}, indent=2, default=str))
+    (run_dir / "results.json").write_text(
+        json.dumps(
+            {"results": _to_json(out["results"]), "wall_s": out["wall_s"]}, indent=2, default=str
+        )
+    )
     fig = run_dir / "figure.png"
     make_figure(out["results"], fig)
     return {**report(out), "figure": str(fig), "raw": out}

@@ -55,14 +55,17 @@ def check_inputs(tc: DictConfig) -> tuple[Path, Path]:
         raise ValueError(f"table.checkpoint is required: {EXPECT_CKPT}")
     data_path, ckpt = Path(str(data_path)).expanduser(), Path(str(ckpt)).expanduser()
     if not data_path.is_file():
-        raise FileNotFoundError(f"table.data_path={data_path}: no such file; expected "
-                                f"{EXPECT_DATA}")
+        raise FileNotFoundError(
+            f"table.data_path={data_path}: no such file; expected {EXPECT_DATA}"
+        )
     if not (ckpt / "config.yaml").is_file():
-        raise FileNotFoundError(f"table.checkpoint={ckpt}: no config.yaml there; expected "
-                                f"{EXPECT_CKPT}")
+        raise FileNotFoundError(
+            f"table.checkpoint={ckpt}: no config.yaml there; expected {EXPECT_CKPT}"
+        )
     if not (ckpt / "checkpoints").is_dir():
-        raise FileNotFoundError(f"table.checkpoint={ckpt}: no checkpoints/ directory; expected "
-                                f"{EXPECT_CKPT}")
+        raise FileNotFoundError(
+            f"table.checkpoint={ckpt}: no checkpoints/ directory; expected {EXPECT_CKPT}"
+        )
     return data_path, ckpt
 
 
@@ -73,15 +76,18 @@ def load_cifar_model(ckpt: Path, data_path: Path):
 
     cfg = OmegaConf.load(ckpt / "config.yaml")
     if cfg.data.name != "npz":
-        raise ValueError(f"table.checkpoint={ckpt} was trained on data {cfg.data.name!r}; "
-                         "expected data=npz (CIFAR-10 from a .npz)")
+        raise ValueError(
+            f"table.checkpoint={ckpt} was trained on data {cfg.data.name!r}; "
+            "expected data=npz (CIFAR-10 from a .npz)"
+        )
     cfg.data.path = str(data_path)
     run = train_app.setup(cfg)
     manager = train_app.checkpointer(run, ckpt)
     try:
         if manager.latest_step() is None:
-            raise FileNotFoundError(f"table.checkpoint={ckpt}: no checkpoint saved yet; "
-                                    f"expected {EXPECT_CKPT}")
+            raise FileNotFoundError(
+                f"table.checkpoint={ckpt}: no checkpoint saved yet; expected {EXPECT_CKPT}"
+            )
         state = manager.restore_latest(training.abstract_state(run.state))
     finally:
         manager.close()
@@ -122,11 +128,15 @@ def compute(cfg: DictConfig, run_dir: Path, log=print) -> dict:
 
         dataset = dataclasses.replace(dataset, test=dataset.train)
     res = gt.analyse_dataset("cifar10", source, run.process, dataset, fd_of, tc, log=log)
-    res.model = {"run_dir": str(ckpt), "step": step, "trained": "given",
-                 "model": OmegaConf.to_container(run.cfg.model, resolve=True),
-                 "features": feat_name,
-                 "train_steps": int(run.cfg.trainer.steps),
-                 "batch_size": int(run.cfg.trainer.batch_size)}
+    res.model = {
+        "run_dir": str(ckpt),
+        "step": step,
+        "trained": "given",
+        "model": OmegaConf.to_container(run.cfg.model, resolve=True),
+        "features": feat_name,
+        "train_steps": int(run.cfg.trainer.steps),
+        "batch_size": int(run.cfg.trainer.batch_size),
+    }
     return {"settings": tc, "results": {"cifar10": res}, "wall_s": time.perf_counter() - t0}
 
 
@@ -137,14 +147,19 @@ def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
     run_dir = Path(run_dir)
     out = compute(cfg, run_dir, log=log)  # fails fast before creating anything
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "results.json").write_text(json.dumps(
-        {"results": gt._to_json(out["results"]), "wall_s": out["wall_s"]}, indent=2,
-        default=str))
+    (run_dir / "results.json").write_text(
+        json.dumps(
+            {"results": gt._to_json(out["results"]), "wall_s": out["wall_s"]}, indent=2, default=str
+        )
+    )
     fig = run_dir / "figure.png"
     gt.make_figure(out["results"], fig)
     rep = gt.report(out)
     feat = out["results"]["cifar10"].model["features"]
-    rep["notes"].insert(0, f"FD features: {feat} ('pixels' is FD on raw pixels, not FID); "
-                           "paper: FID 1.93 on CIFAR-10 with teleportation, 15-30% of steps "
-                           "skipped at no loss.")
+    rep["notes"].insert(
+        0,
+        f"FD features: {feat} ('pixels' is FD on raw pixels, not FID); "
+        "paper: FID 1.93 on CIFAR-10 with teleportation, 15-30% of steps "
+        "skipped at no loss.",
+    )
     return {**rep, "figure": str(fig), "raw": out}
