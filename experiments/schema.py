@@ -214,7 +214,7 @@ class RunSamplerConfig:
     batch_size: int | None = None
     seed: int | None = None
     float64: bool | None = None
-    # every sampler's options, typed; filled in by `_run_sampler_schema`
+    # + every option of every sampler, null (`run_sampler_schema`)
 
 
 @functools.cache

@@ -28,7 +28,7 @@ from experiments.build import Run, checkpointer, model_fingerprint, setup
 from experiments.common import clean_errors, hydra_app, write_run_info
 from experiments.outputs import saved_steps
 from experiments.sample import sample_and_save
-from experiments.schema import TRAINER_NOT_IDENTITY, register_configs
+from experiments.schema import GRID_FIELDS, TRAINER_NOT_IDENTITY, register_configs
 from scorelib import training
 
 register_configs()
@@ -108,6 +108,15 @@ def check_resume(run: Run, run_dir: Path) -> None:
         ckpt.close()
 
 
+def used_config(cfg: DictConfig) -> DictConfig:
+    """``cfg`` resolved, without the grid options that are not set (they are not used)."""
+    tree = OmegaConf.to_container(cfg, resolve=True)
+    tree["sampler"] = {
+        k: v for k, v in tree["sampler"].items() if not (k in GRID_FIELDS and v is None)
+    }
+    return OmegaConf.create(tree)
+
+
 def parse_init_from(value: str) -> tuple[Path, int | None]:
     """``'<run_dir>'`` or ``'<run_dir>@<step>'`` -> ``(run_dir, step or None)``."""
     head, sep, tail = str(value).rpartition("@")
@@ -179,7 +188,7 @@ def run_training(cfg: DictConfig) -> Path:
     fresh = not saved_steps(run_dir)
     state = initial_state(run, cfg.get("init_from")) if fresh else run.state
     with exclusive(run_dir):
-        write_run_info(run_dir, cfg, seed=cfg.trainer.seed)
+        write_run_info(run_dir, used_config(cfg), seed=cfg.trainer.seed)
         ckpt = checkpointer(run, run_dir)
         try:
             state = training.train(
