@@ -2,35 +2,55 @@
 
 Every check that can fail on a bad config runs here, before anything is compiled:
 the process, objective and model constructors, the sampler's grid and options, the
-data files. Errors name the config field.
+data files. Errors name the config field. An option that the chosen component does
+not use is refused, never dropped:
+
+* a ``_target_`` node passes exactly its fields to its class; a field the class does not
+  take is refused (``+model.foo=1``), and so is a ``_target_`` changed under a preset
+  (``model._target_=`` needs ``model=custom``, which passes only what is given);
+* a field that belongs to one value of a selector (a grid option, a mixture threshold)
+  is ``null`` unless given, and refused with another value of the selector;
+* the sampler's fields must be those of its schema (``experiments.schema``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
+from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 from flax import nnx
-from hydra.utils import instantiate
+from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from experiments import schema
+from scorelib import training
+from scorelib._checks import check_choice, check_int, check_real
 from scorelib.data import get_batch, load_digits, load_mnist_subset, load_npz, toy_batch
 from scorelib.data.images import ImageDataset
 from scorelib.data.toy import TOY_NAMES
+from scorelib.processes import Process
 from scorelib.samplers import edm_grid, get_sampler, log_snr_grid, uniform_t_grid
 
 DATA_NAMES = ("digits", "mnist", "toy", "npz", "target")
-GRIDS = ("edm", "uniform_t", "log_snr")
-SAMPLER_OPTIONS = {
-    "heun": ("S_churn", "S_min", "S_max", "S_noise"),
-    "dpmpp_2m": (),
-    "euler_maruyama": (),
-    "pf_ode_euler": (),
-    "pc": ("snr", "n_corrector"),
-    "annealed_langevin": ("n_steps_each", "eps"),
+GRIDS = tuple(schema.GRID_OPTIONS)
+
+#: Fields that belong to one value of a selector field of the same node:
+#: ``{_target_: (selector, {field: values that use it})}``. ``null`` means "not given".
+SELECTED_FIELDS = {
+    "scorelib.objectives.MixedScoreMatching": (
+        "kappa",
+        {
+            "sigma_switch": ("switch",),
+            "sigma_lo": ("log_linear",),
+            "sigma_hi": ("log_linear",),
+            "sigma_d": ("gaussian_optimal",),
+        },
+    ),
 }
 
 
@@ -79,76 +99,338 @@ def _image_batch(train, batch_size, seed, step):
 
 def build_data(cfg: DictConfig) -> Data:
     """Load the data named by ``cfg.data`` (ValueError/FileNotFoundError on a bad config)."""
-    name = cfg.data.name
+    dc = cfg.data
+    name = check_choice(dc.name, "data.name", DATA_NAMES)
+    _check_own_name(dc, "data")
+    check_real(dc.sigma_data, "data.sigma_data", low=0.0, low_open=True, high_open=True)
     if name == "digits":
         ds = load_digits()
     elif name == "mnist":
         ds = load_mnist_subset()
     elif name == "npz":
-        if not cfg.data.path:
-            raise ValueError("data.path must name a .npz file for data=npz")
-        ds = load_npz(cfg.data.path, key=cfg.data.key)
+        if not dc.get("path"):
+            raise ValueError("data.path must name a .npz file for data=npz; got null")
+        ds = load_npz(dc.path, key=dc.key)
     elif name == "target":
-        if not cfg.data.get("target"):
-            raise ValueError("data.target must describe a target for data=target")
-        target = instantiate(cfg.data.target, _convert_="all")
+        if not dc.get("target"):
+            raise ValueError("data.target must describe a target for data=target; got null")
+        target = instantiate(dc.target, _convert_="all")
         target.require_samples("data=target (training batches)")
         return Data(f"target:{target.name}", (target.dim,), images=None, target=target)
-    elif name == "toy":
-        if cfg.data.toy not in TOY_NAMES:
-            raise ValueError(f"data.toy must be one of {list(TOY_NAMES)}; got {cfg.data.toy!r}")
-        return Data(name=f"toy:{cfg.data.toy}", data_shape=(2,), images=None)
-    else:
-        raise ValueError(f"data.name must be one of {list(DATA_NAMES)}; got {name!r}")
+    else:  # toy
+        check_choice(dc.toy, "data.toy", TOY_NAMES)
+        return Data(name=f"toy:{dc.toy}", data_shape=(2,), images=None)
     return Data(name=name, data_shape=ds.data_shape, images=ds)
 
 
-def build_process(cfg: DictConfig):
-    return instantiate(cfg.process)
+def _check_own_name(node: DictConfig, group: str) -> None:
+    """Refuse ``<group>.name=`` changed under a typed option (``sampler=heun sampler.name=pc``):
+    the option's schema holds the fields of its own name only."""
+    typ = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(typ) or "name" not in typ.__dataclass_fields__:
+        return
+    own = typ.__dataclass_fields__["name"].default
+    if isinstance(own, str) and own != "???" and own != node.name:
+        raise ValueError(
+            f"{group}.name cannot change {group}={own}: choose {group}={node.name} instead; "
+            f"got {group}.name={node.name!r}"
+        )
+
+
+# --------------------------------------------------------------------------- components
+
+
+def component_kwargs(node: DictConfig, group: str) -> tuple[str, dict]:
+    """``(target, kwargs)`` of a ``_target_`` config node, after the checks above.
+
+    Args:
+      node: e.g. ``cfg.model``.
+      group: its config field (``'model'``), for the messages.
+
+    Raises:
+      ValueError: naming ``<group>.<field>``: a missing or unimportable ``_target_``, a
+        ``_target_`` changed under a schema, a field the class does not take, a field
+        given for a selector value that does not use it.
+    """
+    if OmegaConf.is_missing(node, "_target_"):
+        raise ValueError(
+            f"{group}._target_ must name your class for {group}=custom "
+            f"(e.g. {group}._target_=mypackage.module.MyClass); got ???"
+        )
+    target = node._target_
+    typ = OmegaConf.get_type(node)
+    if dataclasses.is_dataclass(typ):
+        builds = typ.__dataclass_fields__["_target_"].default
+        if target != builds:
+            option = schema.describe_schema(typ) or group
+            raise ValueError(
+                f"{group}._target_: {option} builds {builds}, with its own fields; for your "
+                f"own class use {group}=custom {group}._target_={target}; got {target!r}"
+            )
+    kwargs = OmegaConf.to_container(node, resolve=True)
+    kwargs.pop("_target_")
+    if target in SELECTED_FIELDS:
+        selector, fields = SELECTED_FIELDS[target]
+        value = kwargs.get(selector)
+        for key, users in fields.items():
+            if kwargs.get(key) is not None and value not in users:
+                raise ValueError(
+                    f"{group}.{key} is used only with {group}.{selector}="
+                    f"{' | '.join(users)}; got {group}.{selector}={value} (remove "
+                    f"{group}.{key} or set it to null)"
+                )
+            if kwargs.get(key) is None:
+                kwargs.pop(key, None)  # not given: the class's default
+    try:
+        cls = get_object(target)
+    except Exception as e:  # noqa: BLE001 - Hydra raises ImportError or its own
+        raise ValueError(f"{group}._target_ must be an importable class; got {target!r}") from e
+    _check_arguments(cls, kwargs, group, target)
+    return target, kwargs
+
+
+def _check_arguments(cls, kwargs: dict, group: str, target: str, passed=()) -> None:
+    fn = cls.__init__ if inspect.isclass(cls) else cls
+    params = list(inspect.signature(fn).parameters.values())
+    if inspect.isclass(cls):
+        params = params[1:]  # self
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return
+    names = [p.name for p in params if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    for key in kwargs:
+        if key not in names:
+            takes = [n for n in names if n not in ("data_shape", "rngs", "process")]
+            raise ValueError(
+                f"{group}.{key} is not an argument of {target} (it takes {takes}); remove it"
+                f" (~{group}.{key})"
+            )
+
+
+def _build(node: DictConfig, group: str, **extra):
+    target, kwargs = component_kwargs(node, group)
+    spec = {"_target_": target, **kwargs}
+    return instantiate(spec, _convert_="all", **extra)
+
+
+def build_process(cfg: DictConfig) -> Process:
+    """The process of ``cfg.process`` (a ``scorelib.processes.Process``)."""
+    process = _build(cfg.process, "process")
+    if not isinstance(process, Process):
+        raise ValueError(
+            "process._target_ must build a scorelib.processes.Process; got "
+            f"{type(process).__name__}"
+        )
+    return process
 
 
 def build_model(cfg: DictConfig, data_shape: tuple[int, ...], seed: int) -> nnx.Module:
+    """The network of ``cfg.model``, built as ``Class(data_shape=..., **fields, rngs=...)``."""
     # _partial_: Hydra would turn objects passed as kwargs into configs.
-    make = instantiate(cfg.model, _partial_=True, _convert_="all")
-    return make(data_shape=tuple(data_shape), rngs=nnx.Rngs(seed))
+    target, kwargs = component_kwargs(cfg.model, "model")
+    make = instantiate({"_target_": target, **kwargs}, _partial_=True, _convert_="all")
+    model = make(data_shape=tuple(data_shape), rngs=nnx.Rngs(seed))
+    if not isinstance(model, nnx.Module):
+        raise ValueError(f"model._target_ must build a flax.nnx.Module; got {type(model).__name__}")
+    return model
 
 
 def build_objective(cfg: DictConfig, process):
-    return instantiate(cfg.objective, _partial_=True, _convert_="all")(process=process)
+    if "target" in cfg.objective and "target" not in cfg.data:
+        raise ValueError(
+            f"objective.target: the objective {cfg.objective._target_} needs a target with a "
+            f"known score, data=target; got data={cfg.data.name}"
+        )
+    target, kwargs = component_kwargs(cfg.objective, "objective")
+    make = instantiate({"_target_": target, **kwargs}, _partial_=True, _convert_="all")
+    return make(process=process)
+
+
+# --------------------------------------------------------------------------- sampler
 
 
 @dataclasses.dataclass
 class Sampling:
-    """A sampler, its grid and options, validated."""
+    """A sampler, its grid and options, validated.
+
+    ``record`` is what the samples depend on (written to ``samples.json``): the sampler's
+    name, steps, grid and the grid options given, every sampler option with its value,
+    ``num_samples``, ``seed`` and ``float64`` (``batch_size`` is not: per-example keys).
+    """
 
     name: str
     fn: Any
     grid: np.ndarray
     opts: dict
+    record: dict = dataclasses.field(default_factory=dict)
 
     def __call__(self, source, key, shape, **kw):
         return self.fn(source, key, shape, grid=self.grid, **self.opts, **kw)
 
 
+def make_grid(grid: str, steps: int, process, **options) -> np.ndarray:
+    """The ``[steps + 1]`` VE noise levels of ``grid`` with its ``options`` (checked)."""
+    # MERGE: scorelib.samplers.make_grid(grid, steps, process, **options) validates and
+    # refuses the options a grid does not use; call it here.
+    if grid == "edm":
+        return edm_grid(steps, **options)
+    return {"uniform_t": uniform_t_grid, "log_snr": log_snr_grid}[grid](process, steps, **options)
+
+
 def build_sampler(cfg: DictConfig, process) -> Sampling:
     """The sampler of ``cfg.sampler`` with its grid; raises ValueError naming the field."""
     sc = cfg.sampler
-    fn = get_sampler(sc.name)
-    if sc.grid == "edm":
-        grid = edm_grid(sc.steps, sc.sigma_min, sc.sigma_max, sc.rho)
-    elif sc.grid == "uniform_t":
-        grid = uniform_t_grid(process, sc.steps)
-    elif sc.grid == "log_snr":
-        grid = log_snr_grid(process, sc.steps)
-    else:
-        raise ValueError(f"sampler.grid must be one of {list(GRIDS)}; got {sc.grid!r}")
-    for field in ("num_samples", "batch_size"):
-        if sc[field] < 1:
-            raise ValueError(f"sampler.{field} must be >= 1; got {sc[field]}")
-    opts = {k: sc[k] for k in SAMPLER_OPTIONS[sc.name] if sc[k] is not None}
+    name = sc.get("name")
+    if name is None:
+        raise ValueError(
+            "sampler=run (the run's own sampler) is for experiments.sample and "
+            "experiments.evaluate; choose a sampler with sampler=<name>"
+        )
+    get_sampler(name)  # sampler.name must be one of [...]
+    options = schema.sampler_options(name)
+    _check_own_name(sc, "sampler")
+    allowed = {f.name for f in dataclasses.fields(schema.SamplerConfig)} | set(options)
+    for key in sc:
+        if key not in allowed:
+            raise ValueError(
+                f"sampler.{key} is not an option of sampler={name} (its options: "
+                f"{sorted(options) or 'none'})"
+            )
+    steps = check_int(sc.steps, "sampler.steps", low=1)
+    grid_name = check_choice(sc.grid, "sampler.grid", GRIDS)
+    grid_opts = {k: sc[k] for k in schema.GRID_FIELDS if sc.get(k) is not None}
+    for key in grid_opts:
+        if key not in schema.GRID_OPTIONS[grid_name]:
+            raise ValueError(
+                f"sampler.{key} is not an option of grid {grid_name} (sampler.grid="
+                f"{grid_name} takes {list(schema.GRID_OPTIONS[grid_name])}); remove it or "
+                f"set it to null"
+            )
+    num_samples = check_int(sc.num_samples, "sampler.num_samples", low=1)
+    check_int(sc.batch_size, "sampler.batch_size", low=1)
+    seed = check_int(sc.seed, "sampler.seed", low=0)
+    grid = make_grid(grid_name, steps, process, **grid_opts)
+    opts = {k: sc.get(k, default) for k, (_, default) in options.items()}
+    record = {
+        "name": name,
+        "steps": steps,
+        "grid": grid_name,
+        **grid_opts,
+        **opts,
+        "num_samples": num_samples,
+        "seed": seed,
+        "float64": bool(sc.float64),
+    }
     opts["float64"] = bool(sc.float64)
-    return Sampling(name=sc.name, fn=fn, grid=grid, opts=opts)
+    return Sampling(name=name, fn=get_sampler(name), grid=grid, opts=opts, record=record)
 
 
 def to_container(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything a training run is made of, built and validated from its config."""
+
+    cfg: DictConfig
+    process: object
+    data: Data
+    graphdef: object
+    state: training.TrainState
+    step_fn: object
+    sampling: Sampling
+    optimizer: object
+
+    def source(self, params):
+        """The score source of the network with ``params`` (e.g. the EMA parameters)."""
+        return training.network_source(self.process, self.graphdef, self.cfg.data.sigma_data)(
+            params, None
+        )
+
+
+def model_fingerprint(cfg: DictConfig, data_shape) -> dict:
+    """What must match between a checkpoint and the model it is restored into."""
+    return {"model": to_container(cfg.model), "data_shape": list(data_shape)}
+
+
+def make_ema(tc: DictConfig) -> training.EMA:
+    kwargs = dict(
+        batch_size=tc.batch_size,
+        decay=tc.ema_decay,
+        halflife_nimg=tc.ema_halflife_nimg,
+        rampup_ratio=tc.ema_rampup_ratio,
+    )
+    # MERGE: pass warmup=tc.ema_warmup unconditionally (scorelib.training.EMA of the
+    # training branch has the field).
+    if "warmup" in {f.name for f in dataclasses.fields(training.EMA)}:
+        kwargs["warmup"] = bool(tc.get("ema_warmup", True))
+    return training.EMA(**kwargs)
+
+
+def check_trainer(tc: DictConfig) -> None:
+    """Raise ValueError naming the ``trainer.<field>`` out of range."""
+    for field in ("steps", "batch_size", "log_every", "ckpt_every", "keep_last"):
+        check_int(tc[field], f"trainer.{field}", low=1)
+    check_int(tc.seed, "trainer.seed", low=0)
+    if tc.get("keep_every") is not None:
+        check_int(tc.keep_every, "trainer.keep_every", low=1)
+
+
+def setup(cfg: DictConfig) -> Run:
+    """Build every object of the run; every config error surfaces here, before compiling."""
+    tc = cfg.trainer
+    check_trainer(tc)
+    check_real(cfg.data.sigma_data, "data.sigma_data", low=0.0, low_open=True, high_open=True)
+    process = build_process(cfg)
+    objective = build_objective(cfg, process)
+    sampling = build_sampler(cfg, process)
+    data = build_data(cfg)
+    model = build_model(cfg, data.data_shape, tc.seed)
+    optimizer = training.make_optimizer(
+        cfg.optim.lr,
+        cfg.optim.warmup_steps,
+        cfg.optim.grad_clip,
+        cfg.optim.b1,
+        cfg.optim.b2,
+        cfg.optim.eps,
+    )
+    ema = make_ema(tc)
+    graphdef, state = training.init_state(model, optimizer, tc.seed)
+    dropout = float(cfg.model.get("dropout") or 0.0) > 0
+    make_source = training.network_source(process, graphdef, cfg.data.sigma_data, dropout=dropout)
+    step_fn = training.make_train_step(
+        objective,
+        make_source,
+        optimizer,
+        ema,
+        data.batch_fn(tc.batch_size, tc.seed),
+        lr_schedule=training.warmup_schedule(cfg.optim.lr, cfg.optim.warmup_steps),
+    )
+    run = Run(cfg, process, data, graphdef, state, step_fn, sampling, optimizer)
+    check_sampler(sampling, run.source(state.params), data.data_shape)
+    return run
+
+
+def check_sampler(sampling: Sampling, source, data_shape) -> None:
+    """Run the sampler's argument checks (and trace it once, without compiling or computing)."""
+    jax.eval_shape(lambda: sampling(source, jax.random.key(0), (1, *data_shape))[0])
+
+
+def checkpointer(run: Run, run_dir: Path) -> training.Checkpointer:
+    tc = run.cfg.trainer
+    kwargs = {}
+    if tc.get("keep_every") is not None:
+        # MERGE: always pass keep_every=tc.keep_every (Checkpointer of the training branch).
+        if "keep_every" not in inspect.signature(training.Checkpointer).parameters:
+            raise ValueError("trainer.keep_every needs the training branch's Checkpointer")
+        kwargs["keep_every"] = tc.keep_every
+    return training.Checkpointer(
+        run_dir / "checkpoints",
+        save_every=tc.ckpt_every,
+        keep_last=tc.keep_last,
+        config=model_fingerprint(run.cfg, run.data.data_shape),
+        **kwargs,
+    )

@@ -1,7 +1,14 @@
-"""Helpers shared by the entry points: run metadata, object construction, clean errors."""
+"""Helpers shared by the entry points: the Hydra app wrapper (one-line errors and exit
+statuses), run metadata, and the clean-up of failed commands.
+
+Exit statuses: 0 done; 2 a usage or configuration error, printed as one line naming the
+field (Hydra's own errors included); 130 interrupted (Ctrl-C), 143 terminated (SIGTERM),
+with the saved step when the training loop saved one.
+"""
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib.metadata
 import json
@@ -10,10 +17,17 @@ import platform
 import shutil
 import subprocess
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+
+from scorelib._io import atomic_write_text
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+USAGE_ERROR = 2
+INTERRUPTED = 130  # 128 + SIGINT
 
 PACKAGES = (
     "jax",
@@ -28,6 +42,9 @@ PACKAGES = (
     "scikit-learn",
     "scorelib",
 )
+
+
+# --------------------------------------------------------------------------- metadata
 
 
 def git_revision(repo: Path | None = None) -> dict[str, Any]:
@@ -62,13 +79,13 @@ def package_versions() -> dict[str, str | None]:
 def write_run_info(run_dir: Path, cfg: DictConfig, *, seed: int, extra: dict | None = None) -> None:
     """Write ``config.yaml`` (resolved) and ``run_info.json`` (seed, versions, git, command).
 
-    Written atomically (temp file + ``os.replace``); rewritten on every launch of the run,
-    with the launch appended to ``launches`` so resumed runs keep their history.
+    Written atomically; rewritten on every launch of the run, with the launch appended to
+    ``launches`` so resumed runs keep their history.
     """
     import jax
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     info_path = run_dir / "run_info.json"
     launches = []
     if info_path.exists():
@@ -77,7 +94,7 @@ def write_run_info(run_dir: Path, cfg: DictConfig, *, seed: int, extra: dict | N
         except (OSError, ValueError):
             launches = []
     launch = {
-        "command": " ".join([Path(sys.executable).name, "-m", _module_name()] + sys.argv[1:]),
+        "command": command_line(),
         "git": git_revision(),
         "versions": package_versions(),
         "host": platform.node(),
@@ -85,19 +102,175 @@ def write_run_info(run_dir: Path, cfg: DictConfig, *, seed: int, extra: dict | N
         "devices": [str(d) for d in jax.devices()],
     }
     info = {"seed": seed, **(extra or {}), "launches": launches + [launch]}
-    _atomic_write(info_path, json.dumps(info, indent=2, default=str))
+    atomic_write_text(info_path, json.dumps(info, indent=2, default=str))
 
 
-def _module_name() -> str:
+def command_line() -> str:
+    """``python -m <module> <args>``: the command of this process."""
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
-    return spec.name if spec is not None else (sys.argv[0] or "python")
+    module = spec.name if spec is not None else (sys.argv[0] or "python")
+    return " ".join([Path(sys.executable).name, "-m", module] + sys.argv[1:])
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+# --------------------------------------------------------------------------- errors
+
+
+def one_line(message: str) -> str:
+    """A message's lines joined into one: ``first: second; third``."""
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return lines[0] + ("" if len(lines) == 1 else " " + "; ".join(lines[1:]))
+
+
+def _type_name(typ) -> str:
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    args = [a for a in typing.get_args(typ) if a is not type(None)]
+    if args and len(args) < len(typing.get_args(typ)):
+        return f"{_type_name(args[0])} or null"
+    return names.get(typ, getattr(typ, "__name__", str(typ)))
+
+
+def config_error_line(e: BaseException) -> str:
+    """One line for an OmegaConf or Hydra error, naming the config field (and, for an
+    unknown field or group option, what is allowed)."""
+    from hydra.errors import MissingConfigException, OverrideParseException
+    from omegaconf.errors import (
+        ConfigAttributeError,
+        ConfigKeyError,
+        MissingMandatoryValue,
+        OmegaConfBaseException,
+        ValidationError,
+    )
+
+    from experiments.schema import SamplerConfig, describe_schema
+
+    if isinstance(e, MissingConfigException):
+        group, _, option = str(e.missing_cfg_file or "").rpartition("/")
+        options = [o for o in (e.options or []) if not o.startswith("_")]
+        if group and options:
+            return f"{group}={option}: no such option; {group} must be one of {options}"
+        return one_line(str(e).split("Config search path")[0])
+    if isinstance(e, OverrideParseException):
+        bad = _unparsable_overrides()
+        return f"cannot parse the override {bad[0] if bad else ''!r}: {one_line(str(e))}"
+    cause, seen = e, set()
+    while cause is not None and not isinstance(cause, OmegaConfBaseException):
+        seen.add(id(cause))
+        nxt = cause.__cause__ or cause.__context__
+        cause = None if nxt is None or id(nxt) in seen else nxt
+    if cause is None:
+        return one_line(str(e).split("full_key:")[0])
+    key = getattr(cause, "full_key", None) or getattr(cause, "key", None) or "<config>"
+    message = str(getattr(cause, "msg", cause)).split("\n")[0]
+    typ = getattr(cause, "object_type", None)
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and " not in " in message:
+        field = str(key).rpartition(".")[2]
+        fields = list(getattr(typ, "__dataclass_fields__", {}))
+        where = describe_schema(typ) if isinstance(typ, type) else None
+        if fields:
+            hint = difflib.get_close_matches(field, fields, n=1)
+            hint = f"; did you mean {hint[0]}?" if hint else ""
+            if isinstance(typ, type) and issubclass(typ, SamplerConfig):
+                common = SamplerConfig.__dataclass_fields__
+                own = ", ".join(f for f in fields if f not in common) or "none"
+                return f"{key} is not an option of {where} (its options: {own}){hint}"
+            what = "a config field or group" if "." not in str(key) else "a field"
+            listed = ", ".join(fields)
+            return f"{key} is not {what} of {where or 'this config'} (its fields: {listed}){hint}"
+        return f"{key} is not a field of this config; a new argument is written +{key}=<value>"
+    if isinstance(cause, ValidationError) and typ is not None and dataclass_field(typ, key):
+        allowed = _type_name(dataclass_field(typ, key))
+        return f"{key} must be {allowed}; got {getattr(cause, 'value', None)!r}"
+    if isinstance(cause, MissingMandatoryValue) or "Missing mandatory value" in message:
+        missing = message.rsplit(":", 1)[-1].strip() if "Missing mandatory" in message else key
+        return f"{missing} is required: give {missing}=<value> on the command line"
+    return f"{key}: {message}"
+
+
+def dataclass_field(typ, full_key) -> Any:
+    """The annotation of the last part of ``full_key`` in dataclass ``typ`` (or None)."""
+    try:
+        return typing.get_type_hints(typ).get(str(full_key).rpartition(".")[2])
+    except (TypeError, NameError):
+        return None
+
+
+def _unparsable_overrides() -> list[str]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException, OverrideParseException
+
+    parser, bad = OverridesParser.create(), []
+    for arg in sys.argv[1:]:
+        if arg.startswith("-"):
+            continue
+        try:
+            parser.parse_overrides([arg])
+        except (OverrideParseException, HydraException):
+            bad.append(arg)
+    return bad
+
+
+def hydra_app(config_name: str):
+    """``@hydra_app("train")`` on ``task(cfg)``: the module's ``main()``.
+
+    Runs ``task`` under ``hydra.main`` with ``configs/<config_name>.yaml`` and turns every
+    error a user can cause into one line on stderr: Hydra's own (an unknown group option,
+    field or value type, an unparsable override, a missing mandatory value) exit with
+    status 2, like the task's configuration errors (:func:`clean_errors`). Ctrl-C prints
+    one line and exits 130; a training run stopped by a signal after saving prints the
+    saved step. ``SCORELIB_TRACEBACK=1`` (or ``HYDRA_FULL_ERROR=1``) shows tracebacks.
+    """
+    import hydra
+
+    def deco(task):
+        hydra_main = hydra.main(
+            config_path=str(CONFIG_DIR), config_name=config_name, version_base="1.3"
+        )(task)
+
+        @functools.wraps(task)
+        def main() -> None:
+            from hydra.errors import HydraException
+            from omegaconf.errors import OmegaConfBaseException
+
+            from scorelib import training
+
+            # MERGE: `training.Interrupted` (SIGINT, SIGTERM, SIGUSR1) replaces `Preempted`.
+            stopped = getattr(training, "Interrupted", None) or training.Preempted
+            traceback = bool(os.environ.get("SCORELIB_TRACEBACK"))
+            traceback = traceback or bool(os.environ.get("HYDRA_FULL_ERROR"))
+            saved = os.environ.get("HYDRA_FULL_ERROR")
+            os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises; we report
+            try:
+                hydra_main()
+            except (HydraException, OmegaConfBaseException) as e:
+                if traceback:
+                    raise
+                print(f"error: {config_error_line(e)}", file=sys.stderr)
+                sys.exit(USAGE_ERROR)
+            except stopped as e:  # a signal stopped training after saving a step
+                line = getattr(e, "message", None)
+                line = line or f"saved step {e.step}; rerun the same command to resume"
+                print(line, file=sys.stderr)
+                sys.exit(e.code)
+            except KeyboardInterrupt:
+                if traceback:
+                    raise
+                print("interrupted; rerun the same command to resume", file=sys.stderr)
+                sys.exit(INTERRUPTED)
+            finally:
+                if saved is None:
+                    os.environ.pop("HYDRA_FULL_ERROR", None)
+                else:
+                    os.environ["HYDRA_FULL_ERROR"] = saved
+
+        return main
+
+    return deco
+
+
+# --------------------------------------------------------------------------- clean-up
 
 
 def discard_unused_output_dir(output_dir: Path, top: Path) -> None:
@@ -118,28 +291,62 @@ def discard_unused_output_dir(output_dir: Path, top: Path) -> None:
         parent = parent.parent
 
 
-def clean_errors(fn):
-    """Turn configuration errors (ValueError, FileNotFoundError) into a one-line message and
-    exit status 2, instead of a traceback. ``SCORELIB_TRACEBACK=1`` re-raises. The Hydra
-    output directory of the failed command is removed if nothing but Hydra wrote to it
-    (with its empty parents up to ``cfg.run_dir`` for apps that take one)."""
-
+def _output_top(cfg) -> tuple[Path, Path] | None:
+    """``(output_dir, top)`` of this Hydra job: ``top`` is ``cfg.run_dir`` for apps that
+    take one, else the part of the output directory above the override names, up to its
+    first directory below the working directory (for ``outputs/<name>/data.path-/abs/x.npz``
+    that is ``outputs``: removed only if the failed command left it empty)."""
     from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    hc = HydraConfig.get()
+    out = Path(hc.runtime.output_dir)
+    if cfg.get("run_dir"):
+        return out, Path(cfg.run_dir)
+    name = str(hc.job.override_dirname or "")
+    text = str(out)
+    if not (name and text.endswith(name)):
+        return out, out
+    top = Path(text[: -len(name)] or ".").resolve()
+    cwd = Path.cwd().resolve()
+    if cwd in top.parents:  # outputs/<name>/...: up to outputs/, if this command made it
+        top = cwd / top.relative_to(cwd).parts[0]
+    return out, top
+
+
+def clean_errors(fn):
+    """Turn configuration errors (ValueError, FileNotFoundError, config and instantiation
+    errors) into a one-line message and exit status 2, instead of a traceback.
+    ``SCORELIB_TRACEBACK=1`` re-raises. The Hydra output directory of the failed command is
+    removed if nothing but Hydra wrote to it, with its empty parents up to ``cfg.run_dir``
+    for apps that take one (else up to the directory above the override names)."""
+
     from hydra.errors import InstantiationException
+    from omegaconf.errors import OmegaConfBaseException
 
     @functools.wraps(fn)
     def wrapper(cfg, *args, **kwargs):
         try:
             return fn(cfg, *args, **kwargs)
-        except (ValueError, FileNotFoundError, FloatingPointError, InstantiationException) as e:
+        except (
+            ValueError,
+            FileNotFoundError,
+            FloatingPointError,
+            InstantiationException,
+            OmegaConfBaseException,
+        ) as e:
             if os.environ.get("SCORELIB_TRACEBACK"):
                 raise
-            cause = e.__cause__ if isinstance(e, InstantiationException) and e.__cause__ else e
-            print(f"error: {cause}", file=sys.stderr)
-            if HydraConfig.initialized():
-                out = Path(HydraConfig.get().runtime.output_dir)
-                top = Path(cfg.run_dir) if cfg.get("run_dir") else out
-                discard_unused_output_dir(out, top)
-            sys.exit(2)
+            if isinstance(e, OmegaConfBaseException):
+                line = config_error_line(e)
+            else:
+                cause = e.__cause__ if isinstance(e, InstantiationException) and e.__cause__ else e
+                line = one_line(str(cause))
+            print(f"error: {line}", file=sys.stderr)
+            where = _output_top(cfg)
+            if where is not None:
+                discard_unused_output_dir(*where)
+            sys.exit(USAGE_ERROR)
 
     return wrapper

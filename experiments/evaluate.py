@@ -1,74 +1,295 @@
 """Evaluate samples of a run: ``python -m experiments.evaluate run_dir=<run> [samples=<npz>]``.
 
+Which samples: ``samples=<path>``, or else the samples that ``experiments.sample`` writes
+with the same ``sampler``/``step``/``use_ema`` arguments (by default the run's own sampler,
+its latest checkpoint, EMA parameters: what ``experiments.train`` drew at its end). If
+they are not there, the command says which directory it looked in.
+
 Images (digits, MNIST subset): FD in classifier features against the test split, beside
 its floor (as many training images) and a Gaussian-fit baseline, and the memorisation
-statistic beside that of the test images. 2-D data: energy distance and sliced W2 to
-fresh target samples, beside those of the prior. Writes ``eval.json`` and ``eval.md``
-beside the samples and prints the table.
+statistic beside that of the test images. 2-D data and targets: energy distance and
+sliced W2 to fresh target samples, beside those of the prior. Writes ``eval.json`` and
+``eval.md`` beside the samples and prints the table.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from pathlib import Path
 
-import hydra
+import jax
 import numpy as np
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
 
-from experiments import build
-from experiments.common import clean_errors
-from experiments.evaluation import evaluate_images, evaluate_points, format_image_table
-from experiments.schema import register_configs
+from experiments import build, schema
+from experiments.common import clean_errors, hydra_app
+from experiments.outputs import samples_dir, saved_steps
+from experiments.sample import resolve_sampler
+from scorelib._io import atomic_write_text
+from scorelib.metrics import (
+    FeatureExtractor,
+    energy_distance,
+    fd_features,
+    fd_floor,
+    memorisation_stats,
+    mnist_subset_config,
+    sliced_wasserstein2,
+)
+from scorelib.metrics.baselines import gaussian_baseline
+from scorelib.metrics.classifier import ClassifierConfig, default_cache_dir
 
-register_configs()
+schema.register_configs()
+
+CLASSIFIERS = {"digits": ClassifierConfig, "mnist": mnist_subset_config}
 
 
-def newest_samples(run_dir: Path) -> Path:
-    found = sorted((run_dir / "samples").rglob("samples.npz"), key=lambda p: p.stat().st_mtime)
-    if not found:
-        raise FileNotFoundError(
-            f"{run_dir / 'samples'}: no samples.npz; run experiments.sample first"
+# --------------------------------------------------------------------------- metrics
+
+
+def check_finite(samples) -> None:
+    """Raise ValueError naming how many of ``samples: [n, ...]`` hold a NaN or inf."""
+    bad = int(np.sum(~np.isfinite(np.reshape(samples, (len(samples), -1))).all(axis=1)))
+    if bad:
+        raise ValueError(
+            f"{bad} of {len(samples)} samples are not finite (their trajectories diverged): "
+            "no distance is defined; inspect samples.npz or sample with another sampler"
         )
-    return found[-1]
+
+
+@contextlib.contextmanager
+def _stages(total: int, progress: bool):
+    """A tqdm bar over the named stages of an evaluation: ``advance(name)`` starts one."""
+    bar = tqdm(total=total, desc="evaluating", disable=not progress, dynamic_ncols=True)
+
+    def advance(name: str) -> None:
+        if bar.n or bar.postfix:
+            bar.update(1)
+        bar.set_postfix_str(name)
+
+    with bar:
+        yield advance
+        bar.update(total - bar.n)
+
+
+def evaluate_images(
+    samples,
+    dataset,
+    data_name: str,
+    *,
+    seed: int = 0,
+    cache_dir=None,
+    floor_draws: int = 20,
+    progress: bool = False,
+) -> dict:
+    """FD_<data> of ``samples`` vs the test split, its floor and Gaussian baseline, memorisation.
+
+    The floor is the FD of ``n`` i.i.d. draws (with replacement) of training images, the
+    FD a sampler that reproduced the training distribution exactly would get with the
+    same number of samples; its spread over ``floor_draws`` draws is the sampling noise
+    of an FD at this ``n``. FD has a finite-sample bias of order ``tr(cov) / n``: use
+    thousands of samples (the digits preset draws 10,000).
+
+    Args:
+      samples: ``[n, H, W, C]`` in ``[-1, 1]``.
+      dataset: the run's ``ImageDataset`` (train and test splits).
+      data_name: ``'digits'`` or ``'mnist'`` (which cached classifier gives the features).
+      seed: seed of the floor and baseline draws.
+      floor_draws: number of floor draws (>= 1).
+      progress: a tqdm bar over the stages.
+
+    Returns:
+      dict with ``fd`` (samples vs test), ``fd_floor`` and ``fd_floor_std`` (mean and std
+      over the draws), ``fd_train_all`` (all training images vs test: the floor as
+      ``n`` grows), ``fd_gaussian`` (``n`` draws of a Gaussian fit to train vs test),
+      ``n``, and the memorisation statistics of the samples and of the test split.
+
+    Raises:
+      ValueError: for a ``data_name`` without a bundled classifier, or non-finite samples.
+    """
+    check_finite(samples)
+    if data_name not in CLASSIFIERS:
+        raise ValueError(
+            f"FD needs a bundled classifier: data.name must be one of {list(CLASSIFIERS)}"
+        )
+    with _stages(5, progress) as stage:
+        stage("classifier")
+        cache = cache_dir or default_cache_dir(os.environ)
+        ext = FeatureExtractor.load_or_train(CLASSIFIERS[data_name](), cache)
+        n = samples.shape[0]
+        stage("features")
+        train_feats, test_feats = ext.features(dataset.train), ext.features(dataset.test)
+        sample_feats = ext.features(samples)
+        stage("FD floor")
+        floor, floor_std = fd_floor(train_feats, test_feats, n, draws=floor_draws, seed=seed)
+        stage("Gaussian baseline")
+        baseline = ext.features(gaussian_baseline(dataset.train, n, seed=seed))
+        out = {
+            "n": int(n),
+            "fd": fd_features(sample_feats, test_feats),
+            "fd_floor": floor,
+            "fd_floor_std": floor_std,
+            "fd_floor_draws": int(floor_draws),
+            "fd_train_all": fd_features(train_feats, test_feats),
+            "n_train": int(dataset.train.shape[0]),
+            "fd_gaussian": fd_features(baseline, test_feats),
+            "classifier_test_accuracy": float(ext.info.get("test_accuracy", float("nan"))),
+        }
+        stage("memorisation")
+        mem = memorisation_stats(samples, dataset.train, reference=dataset.test)
+    out.update({f"mem_{k}": v for k, v in mem.items()})
+    return out
+
+
+def evaluate_points(samples, reference, *, seed: int = 0, prior=None) -> dict:
+    """Energy distance and sliced W2 of ``samples: [n, d]`` to ``reference: [m, d]``.
+
+    With ``prior`` (draws of the process's prior), its energy distance is reported beside.
+
+    Raises:
+      ValueError: for non-finite samples.
+    """
+    check_finite(samples)
+    out = {
+        "energy_distance": energy_distance(samples, reference),
+        "sliced_w2": sliced_wasserstein2(samples, reference, n_projections=256, seed=seed),
+    }
+    if prior is not None:
+        out["energy_distance_prior"] = energy_distance(prior, reference)
+    return out
+
+
+def format_image_table(r: dict, name: str) -> str:
+    """A markdown table of :func:`evaluate_images`'s result."""
+    n = f"{r['n']:,}"
+    lines = [
+        f"| {n} images | FD_{name} vs test (lower is better) | mean NN distance to train |",
+        "|---|---|---|",
+        f"| samples | {r['fd']:.2f} | {r['mem_sample_nn_mean']:.3f} |",
+        f"| training images, {n} i.i.d. draws (floor; mean +- std of {r['fd_floor_draws']}) "
+        f"| {r['fd_floor']:.2f} +- {r['fd_floor_std']:.2f} | |",
+        f"| Gaussian fit to train, {n} draws (baseline) | {r['fd_gaussian']:.2f} | |",
+        f"| test images (reference) | 0 | {r['mem_reference_nn_mean']:.3f} |",
+        "",
+        f"FD ratio samples/floor: {r['fd'] / r['fd_floor']:.2f}; baseline/samples: "
+        f"{r['fd_gaussian'] / r['fd']:.1f}x. All {r['n_train']:,} training images vs test "
+        f"(the floor as n grows): {r['fd_train_all']:.2f}. NN-distance ratio samples/test: "
+        f"{r['mem_nn_mean_ratio']:.2f} (well below 1 means copying); copy rate "
+        f"{r['mem_copy_rate']:.3f} vs test {r['mem_reference_copy_rate']:.3f}.",
+    ]
+    return "\n".join(lines)
+
+
+def format_points_table(r: dict) -> str:
+    """A markdown table of :func:`evaluate_points`'s result (with the prior's row)."""
+    return (
+        "| | energy distance to target | sliced W2 |\n|---|---|---|\n"
+        f"| samples | {r['energy_distance']:.4f} | {r['sliced_w2']:.4f} |\n"
+        f"| prior draws | {r['energy_distance_prior']:.4f} | |"
+    )
+
+
+# --------------------------------------------------------------------------- which samples
+
+
+def samples_path(cfg: DictConfig, train_cfg: DictConfig) -> Path:
+    """The ``samples.npz`` this command evaluates (see the module docstring).
+
+    Raises:
+      ValueError: ``samples=`` given together with ``sampler``/``step``/``use_ema``.
+      FileNotFoundError: the file is not there (the message names the directory).
+    """
+    run_dir = Path(cfg.run_dir)
+    selectors = []
+    if HydraConfig.initialized():
+        keys = [o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task]
+        selectors = [k for k in keys if k in ("sampler", "step", "use_ema") or k[:8] == "sampler."]
+    if cfg.samples:
+        if selectors:
+            raise ValueError(
+                f"samples= names the file to evaluate; {selectors[0]}= selects samples by how "
+                "they were drawn: give one or the other"
+            )
+        path = Path(cfg.samples)
+        if not path.is_file():
+            raise FileNotFoundError(f"samples={path}: no such file")
+        return path
+    steps = saved_steps(run_dir)
+    if not steps:
+        raise FileNotFoundError(f"{run_dir / 'checkpoints'}: no checkpoint, so no samples")
+    step = steps[-1] if cfg.step is None else cfg.step
+    sampler = resolve_sampler(cfg)
+    process = build.build_process(train_cfg)
+    sampling = build.build_sampler(OmegaConf.create({"sampler": sampler}), process)
+    path = samples_dir(run_dir, sampling.record, use_ema=cfg.use_ema, step=step) / "samples.npz"
+    if not path.is_file():
+        args = " ".join(k for k in selectors)
+        raise FileNotFoundError(
+            f"{path}: no samples there; draw them with python -m experiments.sample "
+            f"run_dir={run_dir} and the same sampler/step/use_ema arguments{' ' if args else ''}"
+            f"{args}, or give samples=<path>"
+        )
+    return path
+
+
+def load_samples(path: Path) -> np.ndarray:
+    """The ``samples`` array of a ``.npz``.
+
+    Raises:
+      ValueError: naming ``samples=`` when the file is not a ``.npz`` with a ``samples`` array.
+    """
+    try:
+        with np.load(path) as z:
+            if "samples" not in z.files:
+                raise ValueError(
+                    f"samples={path} must hold an array named 'samples' (as experiments.sample "
+                    f"writes); it holds {z.files}"
+                )
+            return z["samples"]
+    except (OSError, EOFError) as e:
+        raise ValueError(f"samples={path} must be a .npz file: {e}") from e
+
+
+# --------------------------------------------------------------------------- the app
 
 
 @clean_errors
 def run_evaluation(cfg: DictConfig) -> dict:
     run_dir = Path(cfg.run_dir)
-    train_cfg = OmegaConf.load(run_dir / "config.yaml")
-    path = Path(cfg.samples) if cfg.samples else newest_samples(run_dir)
-    if not path.is_file():
-        raise FileNotFoundError(f"samples={path}: no such file")
-    samples = np.load(path)["samples"]
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"{cfg_path}: not found; run_dir must be a training run directory")
+    train_cfg = OmegaConf.load(cfg_path)
+    path = samples_path(cfg, train_cfg)
+    samples = load_samples(path)
     data = build.build_data(train_cfg)
     if data.images is not None:
         result = evaluate_images(
-            samples, data.images, train_cfg.data.name, seed=cfg.seed, cache_dir=cfg.cache_dir
+            samples,
+            data.images,
+            train_cfg.data.name,
+            seed=cfg.seed,
+            cache_dir=cfg.cache_dir,
+            progress=True,
         )
         table = format_image_table(result, train_cfg.data.name)
     else:
         ref = data.reference(samples.shape[0], seed=cfg.seed + 1)
-
         process = build.build_process(train_cfg)
-        rng = np.random.default_rng(cfg.seed)
-        prior = process.prior_std() * rng.standard_normal(samples.shape).astype(np.float32)
+        prior = np.asarray(process.prior_sample(jax.random.key(cfg.seed), samples.shape))
         result = evaluate_points(samples, ref, seed=cfg.seed, prior=prior)
-        table = (
-            "| | energy distance to target | sliced W2 |\n|---|---|---|\n"
-            f"| samples | {result['energy_distance']:.4f} | {result['sliced_w2']:.4f} |\n"
-            f"| prior draws | {result['energy_distance_prior']:.4f} | |"
-        )
+        table = format_points_table(result)
     result["samples"] = str(path)
-    (path.parent / "eval.json").write_text(json.dumps(result, indent=2))
-    (path.parent / "eval.md").write_text(table + "\n")
+    atomic_write_text(path.parent / "eval.json", json.dumps(result, indent=2))
+    atomic_write_text(path.parent / "eval.md", table + "\n")
     print(f"\n{train_cfg.name}: {path}\n\n{table}\n")
     return result
 
 
-@hydra.main(config_path="../configs", config_name="evaluate", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    run_evaluation(cfg)
+main = hydra_app("evaluate")(run_evaluation)
 
 
 if __name__ == "__main__":

@@ -1,37 +1,65 @@
-"""Writing samples: ``.npz`` arrays and a PNG (an image grid, or a scatter plot for 2-D data)."""
+"""A run directory's layout (checkpoint steps, samples directories) and the writing of
+samples: ``.npz`` arrays, ``samples.json`` and a PNG (an image grid, or a scatter plot for
+2-D data)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
 from pathlib import Path
 
 import numpy as np
 
-# Sampler fields that do not change the samples (per-example keys: any batch size).
-_NOT_IN_IDENTITY = ("batch_size",)
+from experiments import schema
+from scorelib._io import atomic_open, atomic_savez, atomic_write_text
 
 
-def samples_dir(out_root: Path, sampler: dict) -> Path:
-    """Where samples drawn with the sampler config ``sampler`` go, never over other samples.
+def saved_steps(run_dir: Path) -> list[int]:
+    """Steps of the checkpoints in ``run_dir/checkpoints``, ascending (read from the names
+    of the step directories; nothing is opened or written)."""
+    ckpt = Path(run_dir) / "checkpoints"
+    if not ckpt.is_dir():
+        return []
+    return sorted(int(p.name) for p in ckpt.iterdir() if p.is_dir() and p.name.isdigit())
 
-    ``<name>_<steps>_seed<seed>`` unless that directory holds samples of a different
-    sampler config (another ``snr``, ``num_samples``, ...); then the name gets
-    ``_<8 hex digits>``, a hash of the config, so the same command always finds the
-    same directory and a different one never overwrites it.
+
+def _fmt(value) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def samples_name(record: dict, *, use_ema: bool = True) -> str:
+    """``<name>_<steps>_n<num_samples>_seed<seed>`` plus ``+<field>-<value>`` for every
+    other field that changes the samples and is not its default: the grid when it is not
+    the sampler's default grid, each grid option given, each sampler option that differs
+    from the sampler's default, ``float64``, and ``use_ema=false``.
+
+    A pure function of what the samples depend on (``batch_size`` is not: per-example keys),
+    so the same sampling always finds the same directory and another never overwrites it.
     """
-    ident = {k: v for k, v in sampler.items() if k not in _NOT_IN_IDENTITY}
-    base = out_root / f"{sampler['name']}_{sampler['steps']}_seed{sampler['seed']}"
-    meta = base / "samples.json"
-    if not meta.is_file():
-        return base
-    old = json.loads(meta.read_text()).get("sampler", {})
-    if {k: v for k, v in old.items() if k not in _NOT_IN_IDENTITY} == ident:
-        return base
-    digest = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()
-    return base.with_name(f"{base.name}_{digest[:8]}")
+    name = record["name"]
+    extras = []
+    if record["grid"] != schema.DEFAULT_GRID.get(name, "edm"):
+        extras.append(("grid", record["grid"]))
+    extras += [(k, record[k]) for k in schema.GRID_FIELDS if record.get(k) is not None]
+    for key, (_, default) in schema.sampler_options(name).items():
+        if key in record and record[key] != default:
+            extras.append((key, record[key]))
+    if record.get("float64"):
+        extras.append(("float64", True))
+    if not use_ema:
+        extras.append(("use_ema", False))
+    base = f"{name}_{record['steps']}_n{record['num_samples']}_seed{record['seed']}"
+    return base + "".join(f"+{k}-{_fmt(v)}" for k, v in extras)
+
+
+def samples_dir(run_dir: Path, record: dict, *, use_ema: bool = True, step: int) -> Path:
+    """``run_dir/samples/step<step>/<samples_name(record, use_ema)>``: samples of checkpoint
+    ``step`` drawn with the sampler ``record`` (``experiments.build.Sampling.record``)."""
+    return Path(run_dir) / "samples" / f"step{step}" / samples_name(record, use_ema=use_ema)
 
 
 def save_samples(
@@ -46,10 +74,8 @@ def save_samples(
       reference: optional real data drawn beside 2-D samples.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / "samples.tmp.npz"
-    np.savez(tmp, samples=np.asarray(samples))
-    os.replace(tmp, out_dir / "samples.npz")
-    (out_dir / "samples.json").write_text(json.dumps(meta, indent=2, default=str))
+    atomic_savez(out_dir / "samples.npz", samples=np.asarray(samples))
+    atomic_write_text(out_dir / "samples.json", json.dumps(meta, indent=2, default=str))
     plot_samples(
         out_dir / "samples.png", np.asarray(samples), title=meta.get("title"), reference=reference
     )
@@ -93,5 +119,6 @@ def plot_samples(path: Path, samples: np.ndarray, *, title=None, reference=None,
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, dpi=120, format="png")
     plt.close(fig)

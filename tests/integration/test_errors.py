@@ -1,0 +1,159 @@
+"""Every error a user can cause exits with status 2 and one line naming the field, Hydra's
+own errors included, and leaves no directory behind.
+
+The commands run in-process through each module's ``main()`` (the same code path as
+``python -m``, without a JAX start-up per command); a few run as real subprocesses too.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from conftest import run, run_inprocess
+
+T, S, E = "train", "sample", "evaluate"
+
+# (module, overrides, what the line must name). {run} is a trained run, {missing} a
+# directory that does not exist, {npz} a .npz without a `samples` array.
+BAD_COMMANDS = [
+    # Hydra's own: group options, fields, types, syntax, mandatory values
+    (T, ["process=vpp"], "process must be one of ['custom', 'edm', 'subvp', 've', 'vp']"),
+    (T, ["proces=vp"], "did you mean process?"),
+    (T, ["sampler.steps=ten"], "sampler.steps must be an integer; got 'ten'"),
+    (T, ["sampler.steps=[1,"], "sampler.steps=[1,"),
+    (T, ["experiment=nope"], "digits_edm"),  # the presets are listed
+    (T, ["sampler=nope"], "sampler must be one of"),
+    (T, ["model.channels=3"], "model.channels is not a field of model=mlp"),
+    (T, ["experiment=toy_dsm", "model=unet"], "model.width is not a field of model=unet"),
+    (T, ["data=digits", "data.toy=moons"], "data.toy is not a field of data=digits"),
+    (T, ["trainer.ema_decay=high"], "trainer.ema_decay must be a number or null; got 'high'"),
+    (S, [], "run_dir is required"),
+    (E, [], "run_dir is required"),
+    # no silent options: sampler, grid, objective and model options that do not apply
+    (
+        T,
+        ["experiment=toy_dsm", "sampler=dpmpp_2m", "sampler.S_churn=40"],
+        "sampler.S_churn is not an option of sampler=dpmpp_2m",
+    ),
+    (T, ["sampler.grid=log_snr", "sampler.rho=3"], "sampler.rho is not an option of grid log_snr"),
+    (
+        T,
+        ["sampler=euler_maruyama", "sampler.sigma_max=10"],
+        "sampler.sigma_max is not an option of grid uniform_t",
+    ),
+    (T, ["+sampler.foo=1"], "sampler.foo is not an option of sampler=heun"),
+    (T, ["sampler.name=pc"], "sampler.name cannot change sampler=heun"),
+    (T, ["sampler=run"], "sampler=run"),
+    (
+        T,
+        ["experiment=tsm_gmm", "objective.kappa=tsm", "objective.sigma_switch=0.1"],
+        "objective.sigma_switch is used only with objective.kappa=switch",
+    ),
+    (T, ["+model.foo=1"], "model.foo is not an argument of scorelib.nets.MLP"),
+    (T, ["model._target_=mypackage.Net"], "model._target_: model=mlp builds scorelib.nets.MLP"),
+    (T, ["model=custom"], "model._target_ must name your class"),
+    (T, ["model=custom", "model._target_=nope.Net"], "model._target_ must be an importable"),
+    (
+        T,
+        ["process=custom", "process._target_=scorelib.processes.VP", "+process.foo=3"],
+        "process.foo is not an argument of scorelib.processes.VP",
+    ),
+    (T, ["objective=tsm"], "objective.target"),
+    # values out of range (before anything is compiled)
+    (T, ["sampler.steps=0"], "sampler.steps"),
+    (T, ["process.sigma_min=-1"], "process.sigma_min"),
+    (T, ["process.sigma_min=100"], "process.sigma_max"),
+    (T, ["experiment=toy_dsm", "process.beta_min=-1"], "process.beta_min"),
+    (T, ["sampler.rho=0"], "sampler.rho"),
+    (T, ["sampler.num_samples=0"], "sampler.num_samples must be an integer >= 1"),
+    (T, ["trainer.batch_size=0"], "trainer.batch_size"),
+    (T, ["trainer.seed=-1"], "trainer.seed must be an integer >= 0; got -1"),
+    (T, ["trainer.keep_every=0"], "trainer.keep_every must be an integer >= 1"),
+    (T, ["data.sigma_data=-1"], "data.sigma_data must be a number in (0.0, inf); got -1.0"),
+    (T, ["optim.lr=-1"], "optim.lr"),
+    (T, ["data=npz", "data.path=/nonexistent/images.npz"], "/nonexistent/images.npz"),
+    (T, ["data=npz"], "data.path"),
+    (T, ["init_from={missing}"], "init_from="),
+    (T, ["experiment=toy_dsm", "model.width=64", "init_from={run}"], "model.width"),
+    # sample and evaluate
+    (S, ["run_dir={missing}"], "config.yaml: not found; run_dir must be a training run"),
+    (E, ["run_dir={missing}"], "config.yaml: not found; run_dir must be a training run"),
+    (
+        S,
+        ["run_dir={run}", "sampler.snr=0.1"],
+        "sampler.snr is not an option of sampler=euler_maruyama, the run's sampler",
+    ),
+    (
+        S,
+        ["run_dir={run}", "sampler=heun", "sampler.snr=0.1"],
+        "sampler.snr is not an option of sampler=heun",
+    ),
+    (S, ["run_dir={run}", "step=7"], "step=7: no such checkpoint"),
+    (E, ["run_dir={run}", "samples={npz}"], "must hold an array named 'samples'"),
+    (E, ["run_dir={run}", "sampler.seed=9"], "no samples there; draw them with"),
+    (E, ["run_dir={run}", "samples={npz}", "sampler.seed=1"], "give one or the other"),
+]
+
+
+@pytest.fixture(scope="module")
+def paths(toy_run, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("errors")
+    np.savez(tmp / "no_samples.npz", images=np.zeros((3, 2)))
+    return {"run": toy_run, "missing": tmp / "no_such_run", "npz": tmp / "no_samples.npz"}
+
+
+def _ids():
+    return [f"{m}:{' '.join(a) or '<none>'}"[:60] for m, a, _ in BAD_COMMANDS]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module, overrides, expected", BAD_COMMANDS, ids=_ids())
+def test_bad_command_exits_2_with_one_line_naming_the_field(
+    module, overrides, expected, paths, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)  # any outputs/ would land here
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    monkeypatch.delenv("SCORELIB_TRACEBACK", raising=False)
+    args = [a.format(**paths) for a in overrides]
+    if module == T:
+        args.append(f"hydra.run.dir={tmp_path / 'run'}")
+    before = sorted(p.relative_to(paths["run"]) for p in paths["run"].rglob("*"))
+    r = run_inprocess(module, *args)
+    assert r.code == 2, (r.code, r.stderr[-3000:])
+    assert len(r.err_lines) == 1, r.stderr[-3000:]
+    line = r.err_lines[0]
+    assert line.startswith("error: ") and expected in line, line
+    assert "Traceback" not in r.stderr + r.stdout
+    assert sorted(os.listdir(tmp_path)) == [], os.listdir(tmp_path)  # nothing left behind
+    assert not paths["missing"].exists()
+    after = sorted(p.relative_to(paths["run"]) for p in paths["run"].rglob("*"))
+    assert after == before  # nothing written into the trained run
+
+
+def test_at_least_25_bad_commands():
+    assert len(BAD_COMMANDS) >= 25
+
+
+@pytest.mark.parametrize(
+    "module, overrides, expected",
+    [
+        (T, ["process=vpp"], "process must be one of"),
+        (T, ["sampler.steps=ten"], "sampler.steps must be an integer"),
+        (S, [], "run_dir is required"),
+    ],
+)
+def test_bad_commands_through_a_real_subprocess(module, overrides, expected, tmp_path):
+    r = run(module, *overrides, cwd=tmp_path, check=False, timeout=300)
+    assert r.code == 2, r.stderr[-3000:]
+    assert len(r.err_lines) == 1 and expected in r.err_lines[0], r.stderr[-3000:]
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_failed_command_with_an_absolute_path_leaves_no_nested_directories(tmp_path):
+    # the run directory would be outputs/digits_edm/data.path-/abs/.../x.npz+data-npz
+    missing = tmp_path / "elsewhere" / "images.npz"
+    r = run("train", "data=npz", f"data.path={missing}", cwd=tmp_path, check=False, timeout=300)
+    assert r.code == 2 and len(r.err_lines) == 1 and str(missing) in r.err_lines[0], r.stderr
+    assert os.listdir(tmp_path) == [], list(tmp_path.rglob("*"))

@@ -1,0 +1,104 @@
+"""A run is named by what defines its model: another sampler reuses the checkpoint, a larger
+``trainer.steps`` continues the run, and a refused command writes nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+import pytest
+from conftest import ROOT, TOY, copy_run, run
+from omegaconf import OmegaConf
+
+from experiments import schema
+from experiments.outputs import saved_steps
+from scorelib.samplers import SAMPLERS
+
+
+def _exclude_keys() -> list[str]:
+    cfg = OmegaConf.load(ROOT / "configs" / "train.yaml")
+    return list(cfg.hydra.job.config.override_dirname.exclude_keys)
+
+
+def test_sampler_and_steps_are_not_part_of_the_run_name():
+    keys = set(_exclude_keys())
+    fields = {f for name in SAMPLERS for f in schema.sampler_schema(name).__dataclass_fields__}
+    assert {f"sampler.{f}" for f in fields} | {"sampler"} <= keys
+    assert {f"trainer.{f}" for f in schema.TRAINER_NOT_IDENTITY} <= keys
+    # what defines the model stays in the name
+    for key in (
+        "trainer.seed",
+        "trainer.batch_size",
+        "trainer.ema_decay",
+        "init_from",
+        "model.width",
+        "process",
+        "data",
+        "objective",
+        "optim.lr",
+    ):
+        assert key not in keys
+
+
+def _run_dir_of(command: str) -> str:
+    """The directory ``python -m experiments.train <overrides>`` writes (Hydra compose)."""
+    from hydra import compose, initialize_config_dir
+
+    overrides = [a for a in shlex.split(command) if "=" in a and not a.startswith("-")]
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    return f"outputs/{cfg.name}/{cfg.hydra.job.override_dirname}".rstrip("/")
+
+
+def test_readme_shows_the_directory_each_training_example_writes():
+    schema.register_configs()
+    readme = (ROOT / "README.md").read_text()
+    examples = re.findall(r"python -m experiments\.train ([^\n#]*?)\s*# -> (outputs/\S+)", readme)
+    assert len(examples) >= 5, examples
+    for command, shown in examples:
+        assert _run_dir_of(command) == shown, command
+
+
+@pytest.mark.slow
+def test_another_sampler_reuses_the_checkpoint_and_more_steps_continue(toy_run, tmp_path):
+    home = tmp_path
+    run_dir = copy_run(toy_run, home / "outputs" / "toy_dsm")
+    metrics = (run_dir / "metrics.jsonl").read_text()
+    launches = len(json.loads((run_dir / "run_info.json").read_text())["launches"])
+
+    # another sampler: the same run directory, no training, samples with the new sampler
+    toy = [a for a in TOY if not a.startswith("sampler.steps=")]
+    r = run("train", *toy, "sampler=dpmpp_2m", "sampler.steps=10", cwd=home)
+    assert f"run directory: {run_dir}" in r.stdout, r.stdout
+    assert (run_dir / "samples/step1500/dpmpp_2m_10_n1000_seed0/samples.npz").is_file()
+    assert (run_dir / "metrics.jsonl").read_text() == metrics  # not one step trained
+    assert saved_steps(run_dir)[-1] == 1500
+    info = json.loads((run_dir / "run_info.json").read_text())
+    assert len(info["launches"]) == launches + 1
+    assert "sampler=dpmpp_2m" in info["launches"][-1]["command"]
+    assert "sampling (dpmpp_2m)" in r.stderr  # the progress bar
+
+    # a larger trainer.steps continues the run from its checkpoint
+    run("train", *TOY, "trainer.steps=1550", cwd=home)
+    assert saved_steps(run_dir)[-1] == 1550
+    new = (run_dir / "metrics.jsonl").read_text()
+    assert new.startswith(metrics) and json.loads(new.splitlines()[-1])["step"] == 1550
+    assert (run_dir / "samples/step1550/euler_maruyama_100_n1000_seed0/samples.npz").is_file()
+
+    # a smaller one says so, naming the field, and writes nothing
+    snapshot = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    r = run("train", *TOY, "trainer.steps=1000", cwd=home, check=False)
+    assert r.code == 2 and len(r.err_lines) == 1, r.stderr[-2000:]
+    assert "trainer.steps must be >= 1550" in r.err_lines[0]
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == snapshot
+
+
+@pytest.mark.slow
+def test_a_refused_resume_writes_nothing(toy_run, tmp_path):
+    run_dir = copy_run(toy_run, tmp_path / "run")
+    snapshot = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    r = run("train", *TOY, "model.width=64", f"hydra.run.dir={run_dir}", check=False)
+    assert r.code == 2 and len(r.err_lines) == 1, r.stderr[-2000:]
+    assert "model.width: run 256, this command 64" in r.err_lines[0]
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == snapshot
