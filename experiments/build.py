@@ -357,17 +357,13 @@ def model_fingerprint(cfg: DictConfig, data_shape) -> dict:
 
 
 def make_ema(tc: DictConfig) -> training.EMA:
-    kwargs = dict(
+    return training.EMA(
         batch_size=tc.batch_size,
         decay=tc.ema_decay,
         halflife_nimg=tc.ema_halflife_nimg,
         rampup_ratio=tc.ema_rampup_ratio,
+        warmup=bool(tc.ema_warmup),
     )
-    # MERGE: pass warmup=tc.ema_warmup unconditionally (scorelib.training.EMA of the
-    # training branch has the field).
-    if "warmup" in {f.name for f in dataclasses.fields(training.EMA)}:
-        kwargs["warmup"] = bool(tc.get("ema_warmup", True))
-    return training.EMA(**kwargs)
 
 
 def check_trainer(tc: DictConfig) -> None:
@@ -421,16 +417,10 @@ def check_sampler(sampling: Sampling, source, data_shape) -> None:
 
 def checkpointer(run: Run, run_dir: Path) -> training.Checkpointer:
     tc = run.cfg.trainer
-    kwargs = {}
-    if tc.get("keep_every") is not None:
-        # MERGE: always pass keep_every=tc.keep_every (Checkpointer of the training branch).
-        if "keep_every" not in inspect.signature(training.Checkpointer).parameters:
-            raise ValueError("trainer.keep_every needs the training branch's Checkpointer")
-        kwargs["keep_every"] = tc.keep_every
     return training.Checkpointer(
         run_dir / "checkpoints",
         save_every=tc.ckpt_every,
         keep_last=tc.keep_last,
+        keep_every=tc.keep_every,
         config=model_fingerprint(run.cfg, run.data.data_shape),
-        **kwargs,
     )

@@ -236,8 +236,6 @@ def hydra_app(config_name: str):
 
             from scorelib import training
 
-            # MERGE: `training.Interrupted` (SIGINT, SIGTERM, SIGUSR1) replaces `Preempted`.
-            stopped = getattr(training, "Interrupted", None) or training.Preempted
             traceback = bool(os.environ.get("SCORELIB_TRACEBACK"))
             traceback = traceback or bool(os.environ.get("HYDRA_FULL_ERROR"))
             saved = os.environ.get("HYDRA_FULL_ERROR")
@@ -249,10 +247,8 @@ def hydra_app(config_name: str):
                     raise
                 print(f"error: {config_error_line(e)}", file=sys.stderr)
                 sys.exit(USAGE_ERROR)
-            except stopped as e:  # a signal stopped training after saving a step
-                line = getattr(e, "message", None)
-                line = line or f"saved step {e.step}; rerun the same command to resume"
-                print(line, file=sys.stderr)
+            except training.Interrupted as e:  # a signal stopped training after saving a step
+                print(e.message, file=sys.stderr)
                 sys.exit(e.code)
             except KeyboardInterrupt:
                 if traceback:

@@ -145,17 +145,10 @@ def initial_state(run: Run, init_from: str | None) -> training.TrainState:
         )
     step = steps[-1] if step is None else step
     fingerprint = model_fingerprint(run.cfg, run.data.data_shape)
-    restore = getattr(training, "restore_params", None)
-    if restore is not None:
-        # MERGE: keep only this branch (scorelib.training.restore_params of the training branch).
-        got = restore(src / "checkpoints", run.state, step=step, expected_fingerprint=fingerprint)
-        ema = got.ema_params
-    else:
-        ckpt = training.Checkpointer(src / "checkpoints", save_every=1, config=fingerprint)
-        try:
-            ema = ckpt.restore(step, training.abstract_state(run.state)).ema_params
-        finally:
-            ckpt.close()
+    got = training.restore_params(
+        src / "checkpoints", run.state, step=step, expected_fingerprint=fingerprint
+    )
+    ema = got.ema_params
     copy = lambda tree: jax.tree.map(lambda x: x.copy(), tree)  # noqa: E731
     return run.state.replace(params=copy(ema), ema_params=copy(ema))
 

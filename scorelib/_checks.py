@@ -1,4 +1,4 @@
-"""Argument checks shared by the library: one message shape, ``<field> must be <allowed>; got <value>``.
+"""Argument checks shared by the library: one message, ``<field> must be <allowed>; got <v>``.
 
 Every public constructor and function that takes a user-facing option validates it with
 these helpers on the host, before anything is traced or compiled, so that an error names

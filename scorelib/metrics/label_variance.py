@@ -9,7 +9,8 @@ conditional mean is the noisy score, ``E[u | x_t] = s_t(x_t)`` (the DSM label
 
 is the part of the loss no model can remove and the noise in its gradient (De Bortoli,
 Hutchinson, Wirnsberger, Doucet, "Target score matching", arXiv 2402.08667, 2024: the
-DSM label's variance diverges as ``sigma -> 0``, the TSM label's vanishes). For Gaussian data ``x_0 ~ N(mu, C)``, ``C = U diag(lam) U^T``, and
+DSM label's variance diverges as ``sigma -> 0``, the TSM label's vanishes). For Gaussian
+data ``x_0 ~ N(mu, C)``, ``C = U diag(lam) U^T``, and
 ``A = alpha^2 C + sigma^2 I``, ``E||s_t||^2 = tr A^{-1}`` and ``E[u . s_t] = E||s_t||^2``,
 so ``V = E||u||^2 - tr A^{-1}``:
 

@@ -18,7 +18,6 @@ import pytest
 from conftest import ROOT, TOY, run
 
 pytestmark = pytest.mark.slow
-needs_training = pytest.mark.xfail(reason="needs training branch", strict=False)
 
 SHORT = [
     "experiment=toy_dsm",
@@ -66,7 +65,6 @@ def short_run(tmp_path_factory):
     return run_dir, r
 
 
-@needs_training
 def test_keep_every_keeps_milestones_beside_the_last(short_run):
     from experiments.outputs import saved_steps
 
@@ -76,7 +74,6 @@ def test_keep_every_keeps_milestones_beside_the_last(short_run):
     run("sample", f"run_dir={run_dir}", "step=100", "sampler.num_samples=10")
 
 
-@needs_training
 def test_ema_warmup_a_300_step_run_is_not_worse_than_its_raw_weights(short_run):
     from scorelib.data import toy_sample
     from scorelib.metrics import energy_distance
@@ -92,7 +89,6 @@ def test_ema_warmup_a_300_step_run_is_not_worse_than_its_raw_weights(short_run):
     assert e_ema <= 1.1 * e_raw, (e_ema, e_raw)
 
 
-@needs_training
 def test_train_log_has_a_loss_line_every_log_every_steps(short_run):
     run_dir, r = short_run
     assert r.code == 0, r.stderr[-2000:]
@@ -100,7 +96,6 @@ def test_train_log_has_a_loss_line_every_log_every_steps(short_run):
     assert len(lines) >= 3, lines
 
 
-@needs_training
 def test_ctrl_c_saves_the_step_and_says_how_to_resume(tmp_path):
     from experiments.outputs import saved_steps
 
@@ -122,7 +117,6 @@ def test_ctrl_c_saves_the_step_and_says_how_to_resume(tmp_path):
     assert "Traceback" not in err
 
 
-@needs_training
 @pytest.mark.parametrize("name", ["brk[1]", "a=b,c d"])
 def test_train_resume_and_sample_under_any_directory_name(name, tmp_path):
     from experiments.outputs import saved_steps
