@@ -25,7 +25,7 @@ step, or a noise level for annealed Langevin; 0-based) draws
 ``key`` and its global index.
 
 Adding a sampler: write a ``StepRule`` subclass (``options``, ``stochastic`` or
-``is_stochastic``, ``check``, ``nfe``, ``scanned``, ``init``, ``step``, ``final``), wrap it
+``is_stochastic``, ``check``, ``nfe``, ``init``, ``scan_inputs``, ``step``, ``final``), wrap it
 with ``Sampler(MyRule())`` and add it to ``SAMPLERS`` in ``scorelib/samplers/__init__.py``.
 """
 
@@ -228,10 +228,15 @@ class StepRule:
     The driver calls, inside one compiled function::
 
         ctx = Context(..., tables=rule.tables(ctx))
-        carry = rule.init(ctx, x)            # x: start state, process coordinates, grid[0]
-        for i in range(*rule.scanned(N, final_zero)):   # one lax.scan
-            carry = rule.step(ctx, carry, i)
-        x = rule.final(ctx, carry)           # process coordinates at grid[-1]
+        carry = rule.init(ctx, x)          # x: start state, process coordinates, grid[0]
+        for xs_i in rule.scan_inputs(ctx):   # one lax.scan over the leading axis
+            carry = rule.step(ctx, carry, xs_i)
+        x = rule.final(ctx, carry)         # process coordinates at grid[-1]
+
+    ``scan_inputs`` gives what each scanned step reads (its index and levels or times,
+    sliced from the grid: Heun's ``(arange(m), grid[:m], grid[1:m + 1])``), so a step reads
+    ``(t_i, t_{i+1})`` from the grid, never recomputes it; the steps it leaves out (a
+    last step to ``sigma = 0``, a first-order first step) are done by ``init``/``final``.
 
     Class attributes:
       name: the registry name.
@@ -263,20 +268,20 @@ class StepRule:
         """Score or denoiser evaluations of one run over ``n`` steps."""
         raise NotImplementedError
 
-    def scanned(self, n: int, final_zero: bool) -> tuple[int, int]:
-        """``(lo, hi)``: the scan runs ``step`` for ``i = lo .. hi - 1``."""
-        raise NotImplementedError
-
     def tables(self, ctx: Context) -> dict:
-        """Arrays computed once over the grid (read by ``step`` as ``ctx.tables[...][i]``)."""
+        """Arrays computed once over the grid (e.g. process times), kept in ``ctx.tables``."""
         return {}
 
     def init(self, ctx: Context, x: Array) -> Any:
         """The carry before the scan, from the start state ``x``."""
         raise NotImplementedError
 
-    def step(self, ctx: Context, carry: Any, i: Array) -> Any:
-        """One scanned step at (traced) index ``i``."""
+    def scan_inputs(self, ctx: Context) -> Any:
+        """A pytree of arrays with one leading entry per scanned step (length 0 allowed)."""
+        raise NotImplementedError
+
+    def step(self, ctx: Context, carry: Any, xs: Any) -> Any:
+        """One scanned step, given its slice ``xs`` of ``scan_inputs``."""
         raise NotImplementedError
 
     def final(self, ctx: Context, carry: Any) -> Array:
@@ -293,11 +298,10 @@ def _run(source, key, grid, x_T, first_index, *, rule, opts, shape, final_zero, 
     ctx = dataclasses.replace(ctx, tables=rule.tables(ctx))
     x = initial_state(source.process, keys, grid[0], x_T, shape, grid.dtype)
     carry = rule.init(ctx, x)
-    lo, hi = rule.scanned(ctx.n, final_zero)
     carry, _ = jax.lax.scan(
-        lambda c, i: (rule.step(ctx, c, i), None),
+        lambda c, xs: (rule.step(ctx, c, xs), None),
         carry,
-        jnp.arange(lo, max(lo, hi)),
+        rule.scan_inputs(ctx),
         unroll=unroll if rule.unroll_scan else 1,
     )
     return rule.final(ctx, carry)

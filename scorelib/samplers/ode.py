@@ -77,8 +77,9 @@ class Heun(StepRule):
     def nfe(self, n, final_zero, opts):
         return 2 * n - (1 if final_zero else 0)
 
-    def scanned(self, n, final_zero):
-        return 0, n - 1 if final_zero else n  # the step to sigma = 0 is peeled off (final)
+    def scan_inputs(self, ctx):
+        m = ctx.n - 1 if ctx.final_zero else ctx.n  # the step to sigma = 0 is done in final
+        return jnp.arange(m), ctx.grid[:m], ctx.grid[1 : m + 1]
 
     def init(self, ctx, x):
         return x / ctx.ve_alpha(ctx.grid[0])
@@ -97,8 +98,8 @@ class Heun(StepRule):
         # the difference of squares can round, or be contracted to an FMA, below 0 -> NaN).
         return x + sig * jnp.sqrt(gamma * (2 + gamma)) * o["S_noise"] * eps, sig_hat
 
-    def step(self, ctx, x, i):
-        sig, sig_next = ctx.grid[i], ctx.grid[i + 1]
+    def step(self, ctx, x, xs):
+        i, sig, sig_next = xs
         x_hat, sig_hat = self._hat(ctx, x, i, sig)
         d = (x_hat - ctx.ve_denoiser(x_hat, sig_hat)) / sig_hat  # line 7
         x_next = x_hat + (sig_next - sig_hat) * d  # line 8
@@ -152,8 +153,10 @@ class DPMSolverPP2M(StepRule):
     def nfe(self, n, final_zero, opts):
         return n
 
-    def scanned(self, n, final_zero):
-        return 1, n - 1  # step 0 (first order) in init, the last step in final
+    def scan_inputs(self, ctx):
+        # steps 1 .. N - 2: step 0 (first order) is done in init, the last step in final
+        m, g = max(ctx.n - 2, 0), ctx.grid
+        return g[0:m], g[1 : m + 1], g[2 : m + 2]
 
     def init(self, ctx, x):
         g = ctx.grid
@@ -163,10 +166,10 @@ class DPMSolverPP2M(StepRule):
             return x, d0
         return _first_order(x, d0, g[0], g[1]), d0  # first step: first order
 
-    def step(self, ctx, carry, i):
+    def step(self, ctx, carry, xs):
         # Lu et al. 2022, DPM-Solver++(2M), Algorithm 2 (alpha = 1 in the VE frame).
         x, d_prev = carry
-        s_prev, s, s_next = ctx.grid[i - 1], ctx.grid[i], ctx.grid[i + 1]
+        s_prev, s, s_next = xs
         d = ctx.ve_denoiser(x, s)
         h = jnp.log(s / s_next)
         r = jnp.log(s_prev / s) / h

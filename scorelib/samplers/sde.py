@@ -59,14 +59,8 @@ class EulerMaruyama(StepRule):
     stochastic = True
     probability_flow = False
 
-    def n_corrector(self, ctx) -> int:
-        return 0
-
     def nfe(self, n, final_zero, opts):
         return n
-
-    def scanned(self, n, final_zero):
-        return 0, n - 1 if final_zero else n  # the step to 0 is the Tweedie step (final)
 
     def tables(self, ctx):
         process, g, n = ctx.process, ctx.grid, ctx.n
@@ -82,22 +76,19 @@ class EulerMaruyama(StepRule):
     def init(self, ctx, x):
         return x
 
-    def correct(self, ctx, x, i):
-        """PC's corrector at grid time ``t_i`` (nothing for the plain predictors)."""
-        n_corr = self.n_corrector(ctx)
-        if n_corr == 0:
-            return x
-        t = ctx.tables["t"][i]
-        eps = corrector_step_size(
-            ctx.process, t, snr=ctx.opts["snr"], alpha_ratio=ctx.tables["a"][i]
-        )
-        return langevin_steps(
-            lambda y: ctx.source.score(y, t), x, eps, ctx.step_keys(i), n_corr, first_noise=1
-        )
+    def scan_inputs(self, ctx):
+        m = ctx.n - 1 if ctx.final_zero else ctx.n  # the step to 0 is the Tweedie step (final)
+        t, a = ctx.tables["t"], ctx.tables["a"]
+        return jnp.arange(m), t[:m], t[1 : m + 1], a[:m]
 
-    def step(self, ctx, x, i):
-        t, t_next = ctx.tables["t"][i], ctx.tables["t"][i + 1]
-        x = self.correct(ctx, x, i)
+    def correct(self, ctx, x, i, t, a):
+        """The corrector at grid time ``t = t_i`` before step ``i``: none for the plain
+        predictors (:class:`PredictorCorrector` overrides it)."""
+        return x
+
+    def step(self, ctx, x, xs):
+        i, t, t_next, a = xs
+        x = self.correct(ctx, x, i, t, a)
         f, g = ctx.process.sde(x, t)
         s = ctx.source.score(x, t)
         dt = t_next - t  # < 0
@@ -109,10 +100,10 @@ class EulerMaruyama(StepRule):
     def final(self, ctx, x):
         if not ctx.final_zero:
             return x
-        n = ctx.n
-        x = self.correct(ctx, x, n - 1)
+        t = ctx.tables["t"][ctx.n - 1]
+        x = self.correct(ctx, x, ctx.n - 1, t, ctx.tables["a"][ctx.n - 1])
         # Tweedie noise removal: E[x_0 | x_{t_{N-1}}].
-        return ctx.source.denoiser(x, ctx.tables["t"][n - 1])
+        return ctx.source.denoiser(x, t)
 
 
 class ProbabilityFlowEuler(EulerMaruyama):
@@ -174,8 +165,16 @@ class PredictorCorrector(EulerMaruyama):
             "n_corrector": check_int(opts["n_corrector"], "sampler.n_corrector", low=0),
         }
 
-    def n_corrector(self, ctx):
-        return ctx.opts["n_corrector"]
+    def correct(self, ctx, x, i, t, a):
+        # Song et al. 2021, Algorithms 4-5 with the step of corrector_step_size; its noise
+        # j = 0, 1, ... uses fold_in index j + 1 of step i (index 0 is the predictor's).
+        n_corr = ctx.opts["n_corrector"]
+        if n_corr == 0:
+            return x
+        eps = corrector_step_size(ctx.process, t, snr=ctx.opts["snr"], alpha_ratio=a)
+        return langevin_steps(
+            lambda y: ctx.source.score(y, t), x, eps, ctx.step_keys(i), n_corr, first_noise=1
+        )
 
     def nfe(self, n, final_zero, opts):
         return n * (1 + opts["n_corrector"])
@@ -237,9 +236,6 @@ class AnnealedLangevin(StepRule):
     def nfe(self, n, final_zero, opts):
         return self._levels(n, final_zero) * opts["n_steps_each"] + (1 if final_zero else 0)
 
-    def scanned(self, n, final_zero):
-        return 0, self._levels(n, final_zero)
-
     def tables(self, ctx):
         ts = ctx.process.t_of_ve_sigma(ctx.grid[: self._levels(ctx.n, ctx.final_zero)])
         return {"t": ts, "alpha": ctx.process.alpha(ts)}
@@ -247,8 +243,12 @@ class AnnealedLangevin(StepRule):
     def init(self, ctx, x):
         return x / ctx.tables["alpha"][0]
 
-    def step(self, ctx, x, i):
-        sig, t, a = ctx.grid[i], ctx.tables["t"][i], ctx.tables["alpha"][i]
+    def scan_inputs(self, ctx):
+        levels = self._levels(ctx.n, ctx.final_zero)
+        return jnp.arange(levels), ctx.grid[:levels], ctx.tables["t"], ctx.tables["alpha"]
+
+    def step(self, ctx, x, xs):
+        i, sig, t, a = xs
         sig_last = ctx.grid[self._levels(ctx.n, ctx.final_zero) - 1]
         eta = ctx.opts["eps"] * (sig / sig_last) ** 2  # Algorithm 1, line 3 (code's step_size)
         # Algorithm 1, line 6, with the score of the VE-frame density x / alpha.
