@@ -77,9 +77,11 @@ def main():
     g, params = nnx.split(model, nnx.Param)
     n = args.steps
     key = jax.random.key(0)
-    print(f"# jax {jax.__version__}, backend {jax.default_backend()}, {jax.devices()[0]}, "
-          f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
-          f"load avg {os.getloadavg()[0]:.1f}, clock {'process CPU' if CPU_TIME else 'wall'}")
+    print(
+        f"# jax {jax.__version__}, backend {jax.default_backend()}, {jax.devices()[0]}, "
+        f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
+        f"load avg {os.getloadavg()[0]:.1f}, clock {'process CPU' if CPU_TIME else 'wall'}"
+    )
     rows = []
     for batch in args.batches:
         x = jax.random.normal(jax.random.key(2), (batch, D))
@@ -98,10 +100,12 @@ def main():
 
         scanned = jax.jit(_scanned_denoiser, static_argnames="k")
         t_scan = timeit(lambda f=scanned, s=src_edm, x=x, k=k: f(s, x, k=k), args.repeats) / k
-        print(f"\nbatch {batch}: denoiser forward {t_fwd * 1e3:.3f} ms (EDM), "
-              f"{t_fwd_vp * 1e3:.3f} ms (VP); raw net {t_raw * 1e3:.3f} ms; "
-              f"denoiser inside lax.scan {t_scan * 1e3:.3f} ms/call "
-              f"(ratio {t_scan / t_fwd:.3f})")
+        print(
+            f"\nbatch {batch}: denoiser forward {t_fwd * 1e3:.3f} ms (EDM), "
+            f"{t_fwd_vp * 1e3:.3f} ms (VP); raw net {t_raw * 1e3:.3f} ms; "
+            f"denoiser inside lax.scan {t_scan * 1e3:.3f} ms/call "
+            f"(ratio {t_scan / t_fwd:.3f})"
+        )
         configs = [
             ("heun", src_edm, edm_grid(n), {}, t_fwd),
             ("heun", src_edm, edm_grid(n), dict(unroll=2), t_fwd),
@@ -115,12 +119,19 @@ def main():
         for name, src, grid, opts, ref in configs:
             f = SAMPLERS[name]
             nfe = f(src, key, (batch, D), grid=grid, **opts)[1]["nfe"]
-            t = timeit(lambda f=f, src=src, grid=grid, opts=opts, shape=(batch, D):
-                       f(src, key, shape, grid=grid, **opts)[0], args.repeats)
+            t = timeit(
+                lambda f=f, src=src, grid=grid, opts=opts, shape=(batch, D): f(
+                    src, key, shape, grid=grid, **opts
+                )[0],
+                args.repeats,
+            )
             label = name + ("" if not opts else " " + ",".join(f"{a}={b}" for a, b in opts.items()))
             rows.append((batch, label, nfe, t / nfe * 1e3, t / nfe / ref))
-            print(f"  {label:<55} NFE {nfe:4d}  {t / nfe * 1e3:8.3f} ms/NFE  "
-                  f"ratio {t / nfe / ref:.3f}", flush=True)
+            print(
+                f"  {label:<55} NFE {nfe:4d}  {t / nfe * 1e3:8.3f} ms/NFE  "
+                f"ratio {t / nfe / ref:.3f}",
+                flush=True,
+            )
     print("\n| batch | sampler | NFE | ms / NFE | ratio to one denoiser forward |")
     print("|---:|---|---:|---:|---:|")
     for b, label, nfe, ms, r in rows:

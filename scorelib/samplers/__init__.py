@@ -1,44 +1,68 @@
-"""Samplers: time grids and jit-compiled samplers with one signature.
+"""Samplers: time grids, one sampler driver, and the samplers registered with it.
 
-Every sampler is ``sample(source, key, shape, *, grid, x_T=None, first_index=0,
-float64=False, **opts) -> (x, info)``: ``source`` is a ``ScoreSource`` (its
-``.process`` is the process), ``shape = (batch, *data_shape)``, ``grid`` a
-strictly decreasing ``[N + 1]`` array of VE noise levels (``grids``), ``info``
-holds ``nfe`` (a Python int fixed by the grid and options) and ``steps``.
+**Signature.** Every sampler is called as ``sample(source, key, shape, *, grid, x_T=None,
+first_index=0, float64=False, **opts) -> (x, info)``: ``source`` a ``ScoreSource`` (its
+``.process`` is the process), ``key`` one PRNG key, ``shape = (batch, *data_shape)``,
+``grid`` a strictly decreasing ``[N + 1]`` array of VE noise levels ``ve_sigma``
+(``grids``; one grid serves every process), ``x_T`` an optional start state in process
+coordinates at ``grid[0]``, ``first_index`` the global index of ``x[0]``. ``x`` has
+``shape``, in process coordinates at ``grid[-1]`` (the data frame when it is 0);
+``info = {"nfe": int, "steps": N}``. Example ``b`` draws all its noise from
+``fold_in(key, first_index + b)`` (``driver`` documents the scheme), so a sample depends
+on its key and global index only.
+
+**Contract** (what entry points rely on). ``get_sampler(name)`` returns a ``Sampler``:
+
+* ``.name``: the registry name;
+* ``.options``: option name -> default (``unroll``, the scan's unroll factor, included);
+* ``.is_stochastic(**opts)``: whether the output depends on step noise with these
+  options (``heun``: when ``S_churn > 0``; ``euler_maruyama``, ``pc``,
+  ``annealed_langevin``: always; ``dpmpp_2m``, ``pf_ode_euler``: never);
+* calling it with an option it does not take raises ``ValueError("sampler.<opt> is not
+  used by sampler <name> (its options: ...)")``; every value is checked before compile.
+
+Grids: ``make_grid(name, steps, process, **opts)`` with ``GRIDS`` (name -> options and
+defaults) refuses an option the grid does not use (``sampler.rho is not used by grid
+log_snr``). ``draw_samples`` draws any number of samples in batches (batch-size
+independent); ``teleport`` starts any sampler from ``grid[k]`` in closed form;
+``langevin_corrector`` runs the Langevin corrector alone.
+
+**Adding a sampler**: a ``driver.StepRule`` subclass (options, stochastic property,
+option checks, NFE count, ``init``/``step``/``final``; see ``ode.py`` and ``sde.py``)
+and one line in ``SAMPLERS`` below.
 """
 
-from scorelib.samplers.grids import edm_grid, log_snr_grid, uniform_t_grid
+from scorelib.samplers.draw import draw_samples
+from scorelib.samplers.driver import Sampler, StepRule
+from scorelib.samplers.grids import GRIDS, edm_grid, log_snr_grid, make_grid, uniform_t_grid
+from scorelib.samplers.langevin import corrector_step_size, langevin_corrector
 from scorelib.samplers.ode import dpmpp_2m, heun
 from scorelib.samplers.sde import annealed_langevin, euler_maruyama, pc, pf_ode_euler
 from scorelib.samplers.teleport import teleport
 
-SAMPLERS = {
-    "euler_maruyama": euler_maruyama,
-    "pc": pc,
-    "annealed_langevin": annealed_langevin,
-    "pf_ode_euler": pf_ode_euler,
-    "heun": heun,
-    "dpmpp_2m": dpmpp_2m,
+SAMPLERS: dict[str, Sampler] = {
+    s.name: s for s in (euler_maruyama, pc, annealed_langevin, pf_ode_euler, heun, dpmpp_2m)
 }
 
 
-def get_sampler(name: str):
-    """The sampler registered as ``name``.
+def get_sampler(name: str) -> Sampler:
+    """The sampler registered as ``name`` (see the module docstring for its contract).
 
     Raises:
       ValueError: naming ``sampler.name`` and listing the registered names.
     """
-    try:
-        return SAMPLERS[name]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"sampler.name must be one of {sorted(SAMPLERS)}; got {name!r}"
-        ) from None
+    if not isinstance(name, str) or name not in SAMPLERS:
+        raise ValueError(f"sampler.name must be one of {sorted(SAMPLERS)}; got {name!r}")
+    return SAMPLERS[name]
 
 
 __all__ = [
     "SAMPLERS",
+    "GRIDS",
+    "Sampler",
+    "StepRule",
     "get_sampler",
+    "make_grid",
     "edm_grid",
     "uniform_t_grid",
     "log_snr_grid",
@@ -48,5 +72,8 @@ __all__ = [
     "pc",
     "pf_ode_euler",
     "annealed_langevin",
+    "langevin_corrector",
+    "corrector_step_size",
+    "draw_samples",
     "teleport",
 ]

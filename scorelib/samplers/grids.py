@@ -21,29 +21,26 @@ Grids are built once on the host, in float64.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from scorelib._checks import check_choice, check_int, check_real, require
 from scorelib.processes.base import Process
 
 
-def _check_steps(n: Any) -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"sampler.steps must be an integer >= 1; got {n!r}")
-    return int(n)
-
-
-def _check_sigmas(sigma_min: float, sigma_max: float) -> None:
-    if not (math.isfinite(sigma_min) and sigma_min > 0):
-        raise ValueError(f"sampler.sigma_min must be a finite number > 0; got {sigma_min!r}")
-    if not (math.isfinite(sigma_max) and sigma_max > sigma_min):
-        raise ValueError(
-            f"sampler.sigma_max must be finite and > sampler.sigma_min = {sigma_min}; "
-            f"got {sigma_max!r} (equivalently sampler.sigma_min must be < sampler.sigma_max)"
-        )
+def _check_sigmas(sigma_min: Any, sigma_max: Any) -> tuple[float, float]:
+    sigma_min = check_real(
+        sigma_min, "sampler.sigma_min", low=0.0, low_open=True, high=math.inf, high_open=True
+    )
+    # The lower end is sampler.sigma_min: the message shows it as the interval's bound.
+    sigma_max = check_real(
+        sigma_max, "sampler.sigma_max", low=sigma_min, low_open=True, high=math.inf, high_open=True
+    )
+    return sigma_min, sigma_max
 
 
 def _with_final(positive: np.ndarray, top: float, bottom: float, final_zero: bool) -> np.ndarray:
@@ -84,11 +81,9 @@ def edm_grid(
       ValueError: naming ``sampler.steps``, ``sampler.sigma_min``, ``sampler.sigma_max``
         or ``sampler.rho`` with its allowed range.
     """
-    n = _check_steps(n)
-    sigma_min, sigma_max, rho = float(sigma_min), float(sigma_max), float(rho)
-    _check_sigmas(sigma_min, sigma_max)
-    if not (math.isfinite(rho) and rho > 0):
-        raise ValueError(f"sampler.rho must be a finite number > 0; got {rho!r}")
+    n = check_int(n, "sampler.steps", low=1)
+    sigma_min, sigma_max = _check_sigmas(sigma_min, sigma_max)
+    rho = check_real(rho, "sampler.rho", low=0.0, low_open=True, high=math.inf, high_open=True)
     m = n if final_zero else n + 1
     frac = np.arange(m, dtype=np.float64) / max(m - 1, 1)
     a, b = sigma_max ** (1.0 / rho), sigma_min ** (1.0 / rho)
@@ -96,15 +91,13 @@ def edm_grid(
 
 
 def _process_range(process: Process, t_min, t_max) -> tuple[float, float]:
-    if not isinstance(process, Process):
-        raise ValueError(f"process must be a scorelib Process; got {type(process).__name__}")
-    t_min = float(process.t_min if t_min is None else t_min)
-    t_max = float(process.t_max if t_max is None else t_max)
-    if not (math.isfinite(t_min) and math.isfinite(t_max) and t_min < t_max):
-        raise ValueError(
-            f"sampler.t_min must be < sampler.t_max (both finite); got t_min={t_min}, "
-            f"t_max={t_max}"
-        )
+    require(isinstance(process, Process), "process", "a scorelib Process", type(process).__name__)
+    t_min = process.t_min if t_min is None else t_min
+    t_max = process.t_max if t_max is None else t_max
+    finite = dict(low=-math.inf, high=math.inf, low_open=True, high_open=True)
+    t_min = check_real(t_min, "sampler.t_min", **finite)
+    t_max = check_real(t_max, "sampler.t_max", **finite)
+    require(t_min < t_max, "sampler.t_min", f"< sampler.t_max = {t_max}", t_min)
     return t_min, t_max
 
 
@@ -114,11 +107,12 @@ def _ve_sigma64(process: Process, t: np.ndarray) -> np.ndarray:
 
 
 def _check_positive_range(top: float, bottom: float) -> None:
-    if not (np.isfinite(top) and np.isfinite(bottom) and 0 < bottom < top):
-        raise ValueError(
-            "sampler.t_min and sampler.t_max must map to VE noise levels with "
-            f"0 < ve_sigma(t_min) < ve_sigma(t_max); got {bottom!r} and {top!r}"
-        )
+    require(
+        bool(np.isfinite(top) and np.isfinite(bottom) and 0 < bottom < top),
+        "sampler.t_min and sampler.t_max",
+        "times whose VE noise levels satisfy 0 < ve_sigma(t_min) < ve_sigma(t_max)",
+        (bottom, top),
+    )
 
 
 def uniform_t_grid(
@@ -145,7 +139,7 @@ def uniform_t_grid(
     Raises:
       ValueError: naming ``sampler.steps``, ``sampler.t_min`` or ``sampler.t_max``.
     """
-    n = _check_steps(n)
+    n = check_int(n, "sampler.steps", low=1)
     t_min, t_max = _process_range(process, t_min, t_max)
     m = n if final_zero else n + 1
     ts = np.linspace(t_max, t_min, m) if m > 1 else np.array([t_max])
@@ -169,7 +163,7 @@ def log_snr_grid(
 
     Args, Returns, Raises: as :func:`uniform_t_grid`.
     """
-    n = _check_steps(n)
+    n = check_int(n, "sampler.steps", low=1)
     t_min, t_max = _process_range(process, t_min, t_max)
     top, bottom = _ve_sigma64(process, np.array([t_max, t_min]))
     _check_positive_range(float(top), float(bottom))
@@ -177,3 +171,52 @@ def log_snr_grid(
     lam = np.linspace(-2 * np.log(top), -2 * np.log(bottom), m) if m > 1 else None
     sig = np.exp(-0.5 * lam) if lam is not None else np.array([top])
     return _with_final(sig, float(top), float(bottom), final_zero)
+
+
+GRIDS: Mapping[str, Mapping[str, Any]] = {
+    "edm": {"sigma_min": 0.002, "sigma_max": 80.0, "rho": 7.0},
+    "uniform_t": {"t_min": None, "t_max": None},
+    "log_snr": {"t_min": None, "t_max": None},
+}
+"""Grid name -> its options and their defaults (``None``: the process's ``t_min``/``t_max``)."""
+
+
+def make_grid(
+    name: str, steps: int, process: Process | None = None, *, final_zero: bool = True, **opts
+) -> np.ndarray:
+    """The grid ``name`` with ``steps`` steps: one validated entry for every grid.
+
+    ``edm`` is :func:`edm_grid` (Karras et al. 2022, eq. 5; options ``sigma_min``,
+    ``sigma_max``, ``rho``; no process needed), ``uniform_t`` is :func:`uniform_t_grid`
+    (Song et al. 2021) and ``log_snr`` is :func:`log_snr_grid` (Lu et al. 2022), both with
+    options ``t_min``, ``t_max`` and a process. Options not given take the defaults of
+    ``GRIDS[name]``.
+
+    Args:
+      name: one of ``GRIDS``.
+      steps: number of steps N (>= 1).
+      process: the noise process (required by ``uniform_t`` and ``log_snr``; for ``edm``
+        ignored, since its levels are the same for every process).
+      final_zero: append an exact 0 (see the module docstring).
+      **opts: the grid's options (``GRIDS[name]``).
+
+    Returns:
+      ``[steps + 1]`` float64 VE noise levels, strictly decreasing.
+
+    Raises:
+      ValueError: ``sampler.grid must be one of [...]`` for an unknown name;
+        ``sampler.<opt> is not used by grid <name> (its options: ...)`` for an option the
+        grid does not take; or naming ``sampler.steps``/``sampler.<opt>``/``process`` for
+        a bad value.
+    """
+    check_choice(name, "sampler.grid", GRIDS)
+    for k in opts:
+        if k not in GRIDS[name]:
+            raise ValueError(
+                f"sampler.{k} is not used by grid {name} (its options: {', '.join(GRIDS[name])})"
+            )
+    opts = {**GRIDS[name], **opts}
+    if name == "edm":
+        return edm_grid(steps, final_zero=final_zero, **opts)
+    fn = uniform_t_grid if name == "uniform_t" else log_snr_grid
+    return fn(process, steps, final_zero=final_zero, **opts)

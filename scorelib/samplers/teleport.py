@@ -3,23 +3,26 @@
 Wang & Vastola, TMLR 2024 (arXiv 2412.09726), Sec. 6 ("analytical teleportation"):
 at high noise the learned score is almost exactly the score of a Gaussian fitted to the
 data, whose probability-flow ODE has a closed-form solution
-(:func:`scorelib.scores.gaussian_fit.gaussian_flow`, their eq. 8). The hybrid sampler
+(:func:`scorelib.scores.gaussian.gaussian_flow`, their eq. 8). The hybrid sampler
 jumps from ``grid[0]`` to ``grid[k]`` with that solution and runs the ordinary sampler
 on the rest of the grid, ``grid[k:]``, exactly the tail of the original grid (no
 re-spacing), saving the NFE of the first ``k`` steps.
 
 Start state at ``grid[k]``:
 
-* deterministic samplers (``heun`` with or without churn, ``dpmpp_2m``, ``pf_ode_euler``,
-  and anything not registered as stochastic): the closed-form PF-ODE image of the
-  start state ``x_T`` at ``grid[0]``. ``x_T`` is drawn exactly as the plain sampler
-  draws it (``_common.initial_state`` with the per-example keys
-  ``fold_in(key, first_index + b)``), so a teleported and a plain run share their
+* deterministic samplers (``heun`` without churn, ``dpmpp_2m``, ``pf_ode_euler``): the
+  closed-form PF-ODE image of the start state ``x_T`` at ``grid[0]``. ``x_T`` is drawn
+  exactly as the plain sampler draws it (``driver.initial_state`` with the per-example
+  keys ``fold_in(key, first_index + b)``), so a teleported and a plain run share their
   initial noise and ``skip = 0`` is the plain sampler, bit for bit.
-* SDE samplers (``euler_maruyama``, ``pc``, ``annealed_langevin``): a draw of the
-  Gaussian model's marginal at ``grid[k]``,
+* stochastic samplers (``euler_maruyama``, ``pc``, ``annealed_langevin``, ``heun`` with
+  ``S_churn > 0``): a draw of the Gaussian model's marginal at ``grid[k]``,
   ``x / alpha ~ N(mu, Sigma + grid[k]^2 I)``, from the same standard normal ``eps`` the
   plain sampler would scale into its start state (``fold_in(k_b, 0)``).
+
+Which of the two ``start="auto"`` picks is read from the sampler's declared property
+(``Sampler.is_stochastic(**opts)``, through a ``functools.partial`` too); a callable
+that declares none is refused with ``start="auto"``, never treated as deterministic.
 
 Step indices of the tail run restart at 0: the tail's step ``i`` (grid interval
 ``grid[k+i] -> grid[k+i+1]``) draws its noise from ``fold_in(k_b, i + 1)``, the key the
@@ -39,14 +42,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scorelib.samplers import _common as C
-from scorelib.samplers.sde import annealed_langevin, euler_maruyama, pc
+from scorelib.keys import example_keys
+from scorelib.samplers import driver as C
 from scorelib.scores.gaussian import GaussianScore, gaussian_flow, gaussian_marginal_sample
 
 Array = Any
-
-STOCHASTIC_SAMPLERS = (euler_maruyama, pc, annealed_langevin)
-"""Samplers that start a teleported run from a marginal draw instead of the ODE map."""
 
 _STARTS = ("auto", "ode", "marginal")
 
@@ -98,7 +98,7 @@ def resolve_skip(grid, skip: int | None = None, sigma_skip: float | None = None)
 def _jump(process, gaussian, key, grid0, grid_k, x_T, first_index, *, shape, marginal):
     """Start state at ``grid_k`` (process coordinates)."""
     dtype = grid0.dtype
-    keys = C.example_keys(key, first_index, shape[0])
+    keys = example_keys(key, shape[0], first_index)
     if marginal:
         eps = C.normal(keys, 0, shape[1:], dtype)
         return gaussian_marginal_sample(gaussian, eps, grid_k).astype(dtype)
@@ -120,7 +120,7 @@ def start_state(source, key, shape, *, grid, x_T=None, first_index: int = 0,
     C.check_key(key)
     with C.x64_scope(float64):
         dtype = jnp.float64 if float64 else jnp.float32
-        keys = C.example_keys(key, first_index, shape[0])
+        keys = example_keys(key, shape[0], first_index)
         return C.initial_state(source.process, keys, jnp.asarray(g[0], dtype), x_T, shape, dtype)
 
 
@@ -161,8 +161,8 @@ def teleport(
       x_T: optional start state at ``grid[0]`` in process coordinates (the ODE jump
         starts from it; not allowed with a marginal start).
       first_index, float64: as for the sampler.
-      start: ``"auto"`` (marginal for ``STOCHASTIC_SAMPLERS``, else ODE), ``"ode"`` or
-        ``"marginal"``.
+      start: ``"auto"`` (marginal when the sampler declares itself stochastic with
+        ``opts``, ODE when it declares itself deterministic), ``"ode"`` or ``"marginal"``.
       **opts: passed to the sampler (``S_churn``, ``snr``, ``unroll``, ...).
 
     Returns:
@@ -173,8 +173,9 @@ def teleport(
 
     Raises:
       ValueError: naming ``teleport.skip``/``teleport.sigma_skip``/``teleport.start``/
-        ``teleport.gaussian`` for bad teleport arguments, or as the sampler for the rest;
-        all before anything is compiled.
+        ``teleport.gaussian`` for bad teleport arguments; with ``start="auto"``, for a
+        sampler that declares no stochastic/deterministic property (a plain function);
+        or as the sampler for the rest; all before anything is compiled.
     """
     shape, g = C.check_common(source, shape, grid, x_T, first_index, float64)
     C.check_key(key)
@@ -196,7 +197,7 @@ def teleport(
         raise ValueError(f"teleport.start must be one of {_STARTS}; got {start!r}")
     k = resolve_skip(g, skip, sigma_skip)
     if start == "auto":
-        start = "marginal" if sampler in STOCHASTIC_SAMPLERS else "ode"
+        start = "marginal" if C.declared_stochastic(sampler, opts) else "ode"
     if start == "marginal" and x_T is not None and k > 0:
         raise ValueError(
             "teleport.start='marginal' draws its own start state at grid[skip]; pass x_T=None "

@@ -33,7 +33,7 @@ class Gauss:
         return self.mu + (c * self.lam / (self.lam + sigma**2)) @ self.q.T
 
     def pf_ode_ve(self, x_T_ve, s_T, s):
-        """Closed-form PF-ODE solution in the VE frame (Wang & Vastola 2024; methods/04 §4.2)."""
+        """Closed-form PF-ODE solution in the VE frame (Wang & Vastola 2024, eq. 8)."""
         c = (x_T_ve - self.mu) @ self.q
         return self.mu + (c * np.sqrt((s**2 + self.lam) / (s_T**2 + self.lam))) @ self.q.T
 

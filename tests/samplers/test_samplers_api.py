@@ -1,5 +1,5 @@
-"""Validation before compilation, the registry, NFE accounting, keys and batch independence."""
-
+"""Validation before compilation, the registry and its contract (options, declared
+property), NFE accounting, keys and batch independence."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from sampler_helpers import PROCESSES, Gauss
 
-from scorelib.samplers import SAMPLERS, edm_grid, get_sampler, ode, sde
+from scorelib.samplers import SAMPLERS, driver, edm_grid, get_sampler
 from scorelib.scores import GaussianScore
 
 D = 3
@@ -29,6 +29,88 @@ def test_get_sampler_unknown_name_lists_names():
         assert name in str(e.value)
 
 
+def test_contract_name_options_and_signature():
+    """Each registered sampler exposes its name, its options with defaults (unroll
+    included), and the library signature with those options."""
+    import inspect
+
+    want = {
+        "heun": {"S_churn": 0.0, "S_min": 0.0, "S_max": np.inf, "S_noise": 1.0},
+        "dpmpp_2m": {},
+        "euler_maruyama": {},
+        "pf_ode_euler": {},
+        "pc": {"snr": 0.16, "n_corrector": 1},
+        "annealed_langevin": {"n_steps_each": 100, "eps": None},
+    }
+    assert set(SAMPLERS) == set(want)
+    for name, s in SAMPLERS.items():
+        assert s.name == name
+        assert dict(s.options) == {**want[name], "unroll": 1}
+        params = inspect.signature(s).parameters
+        assert list(params)[:7] == [
+            "source",
+            "key",
+            "shape",
+            "grid",
+            "x_T",
+            "first_index",
+            "float64",
+        ]
+        assert {k: params[k].default for k in list(params)[7:]} == dict(s.options)
+
+
+@pytest.mark.parametrize(
+    "name,opt",
+    [
+        ("dpmpp_2m", "S_churn"),
+        ("heun", "snr"),
+        ("euler_maruyama", "n_corrector"),
+        ("pf_ode_euler", "S_churn"),
+        ("pc", "eps"),
+        ("annealed_langevin", "S_churn"),
+        ("heun", "rho"),
+    ],
+)
+def test_an_option_the_sampler_does_not_use_is_refused(name, opt, no_compile):
+    """E.g. ``sampler=dpmpp_2m sampler.S_churn=40`` must not run without churn silently."""
+    s = SAMPLERS[name]
+    msg = f"sampler.{opt} is not used by sampler {name}"
+    with pytest.raises(ValueError, match=msg) as e:
+        s(G.source(PROCESSES["vp"]), jax.random.key(0), (2, D), grid=edm_grid(3), **{opt: 40.0})
+    for o in s.options:  # the message lists what the sampler does take
+        assert o in str(e.value)
+    with pytest.raises(ValueError, match=msg):
+        s.is_stochastic(**{opt: 40.0})
+
+
+DECLARED = [
+    ("heun", {}, False),
+    ("heun", dict(S_churn=10.0, S_min=0.05, S_max=50.0), True),
+    ("dpmpp_2m", {}, False),
+    ("pf_ode_euler", {}, False),
+    ("euler_maruyama", {}, True),
+    ("pc", dict(n_corrector=2), True),
+    ("pc", dict(n_corrector=0), True),
+    ("annealed_langevin", dict(n_steps_each=3), True),
+]
+
+
+@pytest.mark.parametrize("name,opts,stochastic", DECLARED)
+def test_declared_property_matches_the_behaviour(name, opts, stochastic):
+    """``is_stochastic`` is what the sampler does: from one x_T, two keys give the same
+    output exactly when the sampler declares itself deterministic."""
+    s = SAMPLERS[name]
+    assert s.is_stochastic(**opts) is stochastic
+    src = G.source(PROCESSES["vp"])
+    x_T = np.random.default_rng(0).normal(size=(4, D)) * 30.0
+    a, _ = s(src, jax.random.key(1), (4, D), grid=edm_grid(6), x_T=x_T, **opts)
+    b, _ = s(src, jax.random.key(2), (4, D), grid=edm_grid(6), x_T=x_T, **opts)
+    same = np.array_equal(np.asarray(a), np.asarray(b))
+    assert same is not stochastic
+    if stochastic:
+        assert np.min(np.abs(np.asarray(a) - np.asarray(b)).max(axis=1)) > 1e-4
+
+
 @pytest.fixture
 def no_compile(monkeypatch):
     """Replace every jitted core by a function that fails the test if reached."""
@@ -36,9 +118,7 @@ def no_compile(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("reached the compiled core: validation came too late")
 
-    for mod, name in [(ode, "_heun_core"), (ode, "_dpmpp_2m_core"), (sde, "_sde_core"),
-                      (sde, "_annealed_langevin_core")]:
-        monkeypatch.setattr(mod, name, boom)
+    monkeypatch.setattr(driver, "_run", boom)
 
 
 BAD_COMMON = [
@@ -85,8 +165,9 @@ def test_bad_common_input_raises_before_compiling(name, bad, match, no_compile):
 )
 def test_bad_options_raise_before_compiling(name, opts, field, no_compile):
     with pytest.raises(ValueError, match=field):
-        SAMPLERS[name](G.source(PROCESSES["vp"]), jax.random.key(0), (2, D), grid=edm_grid(3),
-                       **opts)
+        SAMPLERS[name](
+            G.source(PROCESSES["vp"]), jax.random.key(0), (2, D), grid=edm_grid(3), **opts
+        )
 
 
 def test_time_of_wrong_shape_is_rejected_by_sources():
@@ -130,11 +211,11 @@ def _tick():
 
 @pytest.mark.parametrize(
     "name,final_zero",
-    [(k, True) for k in SAMPLERS] + [("heun", False), ("dpmpp_2m", False),
-                                     ("annealed_langevin", False)],
+    [(k, True) for k in SAMPLERS]
+    + [("heun", False), ("dpmpp_2m", False), ("annealed_langevin", False)],
 )
 def test_nfe_equals_the_counted_model_calls(name, final_zero):
-    """fault-kinds #3: N requested steps make exactly the documented number of calls."""
+    """N requested steps make exactly the documented number of calls."""
     g = Gauss(D, [0.0, 0.4, 1.5])
     src = g.source(PROCESSES["vp"])
     src = CountingGaussian(**{f: getattr(src, f) for f in src.__dataclass_fields__})
@@ -182,7 +263,7 @@ def test_raw_uint32_keys_are_accepted():
 
 
 def test_heun_restart_from_grid_tail_is_the_same_run():
-    """fault-kinds #2: stopping at grid index k and restarting on grid[k:] from that state."""
+    """Stopping at grid index k and restarting on grid[k:] from that state is the same run."""
     src = G.source(PROCESSES["vp"])
     grid = edm_grid(8)
     key = jax.random.key(1)
@@ -197,12 +278,14 @@ def test_heun_restart_from_grid_tail_is_the_same_run():
 def test_float64_state_and_no_x64_leak():
     src64 = G.source(PROCESSES["vp"], x64=True)
     x_T = np.random.default_rng(0).normal(size=(2, D)) * 80.0
-    x, _ = SAMPLERS["dpmpp_2m"](src64, jax.random.key(0), (2, D), grid=edm_grid(3), x_T=x_T,
-                                float64=True)
+    x, _ = SAMPLERS["dpmpp_2m"](
+        src64, jax.random.key(0), (2, D), grid=edm_grid(3), x_T=x_T, float64=True
+    )
     assert x.dtype == np.float64
     assert not jax.config.jax_enable_x64
     assert jnp.zeros(1).dtype == jnp.float32
-    y, _ = SAMPLERS["dpmpp_2m"](G.source(PROCESSES["vp"]), jax.random.key(0), (2, D),
-                                grid=edm_grid(3), x_T=x_T)
+    y, _ = SAMPLERS["dpmpp_2m"](
+        G.source(PROCESSES["vp"]), jax.random.key(0), (2, D), grid=edm_grid(3), x_T=x_T
+    )
     assert y.dtype == np.float32
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-4)

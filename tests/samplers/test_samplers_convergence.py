@@ -1,7 +1,7 @@
 """Measured convergence order against the closed-form Gaussian PF-ODE solution.
 
 x(s) = mu + U diag(sqrt((s^2 + lam) / (s_T^2 + lam))) U^T (x_T - mu) in the VE frame
-(Wang & Vastola 2024; methods/04 §4.2), computed here in numpy. Float64 states, a
+(Wang & Vastola 2024, eq. 8), computed here in numpy. Float64 states, a
 rho = 7 grid from 20 to 0.05 without the final zero (so every step shrinks with N),
 on VP (alpha != 1) and EDM.
 """
@@ -31,8 +31,9 @@ def test_convergence_order(name, low, high, process):
     errs = []
     for n in NS:
         grid = edm_grid(n, S_MIN, S_MAX, 7.0, final_zero=False)
-        x, _ = SAMPLERS[name](src, jax.random.key(0), (8, 3), grid=grid, x_T=a0 * x_T_ve,
-                              float64=True)
+        x, _ = SAMPLERS[name](
+            src, jax.random.key(0), (8, 3), grid=grid, x_T=a0 * x_T_ve, float64=True
+        )
         errs.append(np.abs(np.asarray(x) / a1 - exact).max())
     slope = -np.polyfit(np.log(NS), np.log(errs), 1)[0]
     assert low <= slope <= high, (slope, errs)

@@ -1,5 +1,5 @@
 """Every sampler at N in {1, 2, 3, 10, 50} returns finite values for every process
-(fault-kinds #1: terminal and degenerate steps), on a 2-D mixture with a nearly flat
+(terminal and degenerate steps), on a 2-D mixture with a nearly flat
 component, from the EDM grid (final sigma exactly 0, sigma from 80 to 0.002)."""
 
 import jax

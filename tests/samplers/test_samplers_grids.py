@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from sampler_helpers import PROCESSES
 
-from scorelib.samplers import edm_grid, log_snr_grid, uniform_t_grid
+from scorelib.samplers import GRIDS, edm_grid, log_snr_grid, make_grid, uniform_t_grid
 
 
 def karras_loop(n, smin, smax, rho):
@@ -29,11 +29,9 @@ def test_edm_grid_matches_eq5(n, smin, smax, rho):
 
 
 def test_edm_grid_known_values():
-    # methods/04 §4.3 table: N = 18, skip 1..8 land on these levels.
+    # Karras et al. 2022, eq. 5 by hand at N = 18: the levels that skips 1..8 land on.
     g = edm_grid(18)
-    np.testing.assert_allclose(
-        g[1:9], [57.6, 40.8, 28.4, 19.4, 12.9, 8.4, 5.3, 3.3], rtol=0.02
-    )
+    np.testing.assert_allclose(g[1:9], [57.6, 40.8, 28.4, 19.4, 12.9, 8.4, 5.3, 3.3], rtol=0.02)
 
 
 @pytest.mark.parametrize("n", [1, 2, 7])
@@ -96,3 +94,56 @@ def test_process_grids_reject_bad_input():
             fn(p, 3, t_min=0.5, t_max=0.5)
         with pytest.raises(ValueError, match="sampler.t_min"):
             fn(p, 3, t_min=0.0)  # VP ve_sigma(0) = 0: no positive bottom level
+
+
+def test_make_grid_is_each_grid_with_its_options():
+    p = PROCESSES["vp"]
+    np.testing.assert_array_equal(make_grid("edm", 6), edm_grid(6))
+    np.testing.assert_array_equal(
+        make_grid("edm", 6, p, rho=3.0, sigma_min=0.01), edm_grid(6, sigma_min=0.01, rho=3.0)
+    )
+    np.testing.assert_array_equal(
+        make_grid("edm", 4, final_zero=False), edm_grid(4, final_zero=False)
+    )
+    np.testing.assert_array_equal(make_grid("uniform_t", 5, p), uniform_t_grid(p, 5))
+    np.testing.assert_array_equal(
+        make_grid("uniform_t", 5, p, t_min=0.01, t_max=0.9),
+        uniform_t_grid(p, 5, t_min=0.01, t_max=0.9),
+    )
+    np.testing.assert_array_equal(
+        make_grid("log_snr", 5, p, t_max=0.5), log_snr_grid(p, 5, t_max=0.5)
+    )
+    assert set(GRIDS) == {"edm", "uniform_t", "log_snr"}
+    # the declared defaults are the constructors' defaults
+    np.testing.assert_array_equal(make_grid("edm", 6, **GRIDS["edm"]), edm_grid(6))
+
+
+@pytest.mark.parametrize(
+    "name,opt",
+    [
+        ("log_snr", "rho"),
+        ("log_snr", "sigma_min"),
+        ("uniform_t", "sigma_max"),
+        ("edm", "t_min"),
+        ("edm", "snr"),
+    ],
+)
+def test_make_grid_refuses_an_option_the_grid_does_not_use(name, opt):
+    """E.g. ``sampler.grid=log_snr sampler.rho=3`` must not run without a word."""
+    with pytest.raises(ValueError, match=f"sampler.{opt} is not used by grid {name}") as e:
+        make_grid(name, 4, PROCESSES["vp"], **{opt: 3.0})
+    for o in GRIDS[name]:
+        assert o in str(e.value)
+
+
+def test_make_grid_rejects_bad_input():
+    with pytest.raises(ValueError, match="sampler.grid must be one of"):
+        make_grid("karras", 4)
+    with pytest.raises(ValueError, match="process must be a scorelib Process"):
+        make_grid("log_snr", 4)
+    with pytest.raises(ValueError, match="sampler.rho"):
+        make_grid("edm", 4, rho="7")
+    with pytest.raises(ValueError, match="sampler.t_max"):
+        make_grid("uniform_t", 4, PROCESSES["vp"], t_max=float("nan"))
+    with pytest.raises(ValueError, match="sampler.steps"):
+        make_grid("uniform_t", 0, PROCESSES["vp"])

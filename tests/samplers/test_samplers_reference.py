@@ -68,7 +68,9 @@ def ref_sde(x, b, kind, snr=0.1, n_corr=1):
             for j in range(n_corr):
                 s = score(x, t)
                 z = noise(b, i, j + 1)
-                e = 2 * (al[i] / al[i + 1]) ** 2 * (snr * np.sqrt(3) / np.linalg.norm(s)) ** 2
+                # Song et al. 2021, Alg. 5 with ||z|| / ||s|| replaced by sigma(t_i): the
+                # step depends on t only (scorelib.samplers.langevin.corrector_step_size).
+                e = 2 * (al[i] / al[i + 1]) ** 2 * (snr * sig(t)) ** 2
                 x = x + e * s + np.sqrt(2 * e) * z
         if i == N - 1:
             return denoise(x, t)
@@ -133,9 +135,12 @@ CASES = {
     "euler_maruyama": ({}, lambda x, b: ref_sde(x, b, "em")),
     "pf_ode_euler": ({}, lambda x, b: ref_sde(x, b, "pf")),
     "pc": (dict(snr=0.1, n_corrector=1), lambda x, b: ref_sde(x, b, "pc")),
+    "pc_3": (dict(snr=0.3, n_corrector=3), lambda x, b: ref_sde(x, b, "pc", 0.3, 3)),
     "heun": ({}, ref_heun),
-    "heun_churn": (dict(S_churn=4.0, S_min=0.05, S_max=20.0, S_noise=1.01),
-                   lambda x, b: ref_heun(x, b, 4.0, 0.05, 20.0, 1.01)),
+    "heun_churn": (
+        dict(S_churn=4.0, S_min=0.05, S_max=20.0, S_noise=1.01),
+        lambda x, b: ref_heun(x, b, 4.0, 0.05, 20.0, 1.01),
+    ),
     "dpmpp_2m": ({}, ref_dpmpp),
     "annealed_langevin": (dict(n_steps_each=3, eps=1e-6), ref_langevin),
 }
@@ -145,7 +150,7 @@ CASES = {
 def test_sampler_matches_numpy_reference(case):
     opts, ref = CASES[case]
     x_T = np.random.default_rng(1).normal(size=(B, 3)) * 0.9
-    x, _ = SAMPLERS[case.replace("_churn", "")](
+    x, _ = SAMPLERS[case.replace("_churn", "").replace("_3", "")](
         G.source(P, x64=True), KEY, (B, 3), grid=GRID, x_T=x_T, float64=True, **opts
     )
     want = np.stack([ref(x_T[b], b) for b in range(B)])
@@ -162,5 +167,6 @@ def test_prior_draw_is_documented_scaled_normal():
             k = jax.random.fold_in(jax.random.fold_in(KEY, b), 0)
             z = np.asarray(jax.random.normal(k, (3,), np.float64))
         x0 = alpha(t_of(grid[0])) * grid[0] * z
-        np.testing.assert_allclose(np.asarray(x)[b], d_ve(x0 / alpha(t_of(grid[0])), grid[0]),
-                                   rtol=1e-8, atol=1e-9)
+        np.testing.assert_allclose(
+            np.asarray(x)[b], d_ve(x0 / alpha(t_of(grid[0])), grid[0]), rtol=1e-8, atol=1e-9
+        )

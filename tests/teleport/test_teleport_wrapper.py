@@ -8,6 +8,8 @@ increase the sampler's error against the exact answer (the closed form for the O
 samplers, the data law for Euler-Maruyama).
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -84,11 +86,14 @@ def test_skip_zero_is_the_plain_sampler_bitwise(name, process):
     # alpha(t0) grid[0] normal(fold_in(fold_in(key, first_index + b), 0)) ...
     x_T = start_state(g, key, shape, grid=grid, first_index=5)
     a0 = float(process.alpha(process.t_of_ve_sigma(grid[0])))
-    eps = np.stack([
-        np.asarray(jax.random.normal(jax.random.fold_in(jax.random.fold_in(key, 5 + b), 0),
-                                     (D,)))
-        for b in range(3)
-    ])
+    eps = np.stack(
+        [
+            np.asarray(
+                jax.random.normal(jax.random.fold_in(jax.random.fold_in(key, 5 + b), 0), (D,))
+            )
+            for b in range(3)
+        ]
+    )
     np.testing.assert_allclose(np.asarray(x_T), a0 * grid[0] * eps, rtol=1e-6)
     # ... so passing it as x_T gives the plain run (up to XLA's float32 fusion choices:
     # a compiled program that receives x_T is not the one that draws it).
@@ -109,7 +114,7 @@ def test_heun_tail_is_exactly_the_grid_tail(k):
         seen["grid"], seen["x_T"] = grid, x_T
         return heun(source, key, shape, grid=grid, x_T=x_T, **kw)
 
-    tele, info = teleport(spy, g, g, key, shape, grid=grid, skip=k)
+    tele, info = teleport(spy, g, g, key, shape, grid=grid, skip=k, start="ode")
     x_T = start_state(g, key, shape, grid=grid)
     x_k = gaussian_flow(g, x_T, sigma_from=jnp.float32(grid[0]), sigma_to=jnp.float32(grid[k]))
     np.testing.assert_allclose(np.asarray(seen["x_T"]), np.asarray(x_k), rtol=1e-5, atol=1e-6)
@@ -120,8 +125,9 @@ def test_heun_tail_is_exactly_the_grid_tail(k):
     assert info["skip"] == k and info["sigma_skip"] == grid[k] and info["start"] == "ode"
     # Recorded levels: Euler evaluations at grid[k..7], corrections at grid[k+1..7].
     LOG.clear()
-    teleport(heun, Recording(process=g.process, inner=g), g, jax.random.key(3), shape,
-             grid=grid, skip=k)
+    teleport(
+        heun, Recording(process=g.process, inner=g), g, jax.random.key(3), shape, grid=grid, skip=k
+    )
     jax.effects_barrier()
     expected = sorted(list(grid[k:8]) + list(grid[k + 1 : 8]))
     np.testing.assert_allclose(sorted(LOG), expected, rtol=1e-6)
@@ -140,10 +146,10 @@ def test_every_sampler_gets_the_grid_tail_and_reports_its_nfe(name, monkeypatch)
         return sampler(source, key, shape, grid=grid, x_T=x_T, **kw)
 
     k = 3
-    stochastic = name in ("euler_maruyama", "pc", "annealed_langevin")
-    start = "marginal" if stochastic else "ode"  # what "auto" picks for the unwrapped sampler
-    _, info = teleport(spy, g, g, jax.random.key(0), (2, D), grid=grid, skip=k, start=start,
-                       **opts)
+    # what "auto" picks for the unwrapped sampler (the spy declares no property)
+    start = "marginal" if sampler.is_stochastic(**opts) else "ode"
+    assert start == ("ode" if name in ("heun", "dpmpp_2m", "pf_ode_euler") else "marginal")
+    _, info = teleport(spy, g, g, jax.random.key(0), (2, D), grid=grid, skip=k, start=start, **opts)
     assert np.array_equal(seen["grid"], grid[k:])  # same floats: no re-spacing
     assert seen["x_T"].shape == (2, D)
     _, tail_info = sampler(g, jax.random.key(0), (2, D), grid=grid[k:], x_T=seen["x_T"], **opts)
@@ -171,16 +177,25 @@ def test_skip_validation_and_sigma_skip():
     # (checked before anything is compiled).
     for sde_sampler in (euler_maruyama, pc, annealed_langevin):
         with pytest.raises(ValueError, match="marginal"):
-            teleport(sde_sampler, g, g, jax.random.key(0), (1, D), grid=grid, skip=2,
-                     x_T=jnp.zeros((1, D)))
+            teleport(
+                sde_sampler,
+                g,
+                g,
+                jax.random.key(0),
+                (1, D),
+                grid=grid,
+                skip=2,
+                x_T=jnp.zeros((1, D)),
+            )
     assert resolve_skip(grid, skip=17) == 17
     assert resolve_skip(grid, sigma_skip=float(grid[3])) == 3
     assert resolve_skip(grid, sigma_skip=0.5 * (grid[3] + grid[4])) == 3  # never below
     assert resolve_skip(grid, sigma_skip=1e3) == 0
     assert resolve_skip(grid, sigma_skip=1e-6) == 17
-    # The N = 18 EDM grid lands where the paper's table says (methods/04, 4.3).
-    np.testing.assert_allclose(grid[:9], [80, 57.6, 40.8, 28.4, 19.4, 12.9, 8.4, 5.3, 3.3],
-                               rtol=0.01, atol=0.05)
+    # The N = 18 EDM grid's levels (Karras et al. 2022, eq. 5, by hand).
+    np.testing.assert_allclose(
+        grid[:9], [80, 57.6, 40.8, 28.4, 19.4, 12.9, 8.4, 5.3, 3.3], rtol=0.01, atol=0.05
+    )
 
 
 def _exact_end(g, x_T, top):
@@ -230,9 +245,14 @@ def test_euler_maruyama_teleport_matches_the_data_law():
     u, _ = np.linalg.qr(rng.normal(size=(D, D)))
     lam = np.array([1.0, 0.5, 0.25, 0.1])
     mu = rng.normal(size=D)
-    g = GaussianScore(process=p, mean=jnp.asarray(mu, jnp.float32),
-                      eigvecs=jnp.asarray(u, jnp.float32), eigvals=jnp.asarray(lam, jnp.float32),
-                      residual_var=jnp.float32(0.0), data_shape=(D,))
+    g = GaussianScore(
+        process=p,
+        mean=jnp.asarray(mu, jnp.float32),
+        eigvecs=jnp.asarray(u, jnp.float32),
+        eigvals=jnp.asarray(lam, jnp.float32),
+        residual_var=jnp.float32(0.0),
+        data_shape=(D,),
+    )
     grid = uniform_t_grid(p, 40)
     shape, key = (20000, D), jax.random.key(9)
 
@@ -273,3 +293,67 @@ def test_rank_r_gaussian_teleports_a_network_like_source():
     assert np.all(np.isfinite(np.asarray(tele)))
     # Near-Gaussian teleport at high sigma: the endpoints stay close (sigma_skip = 19.4).
     assert np.sqrt(np.mean((np.asarray(tele) - np.asarray(plain)) ** 2)) < 0.05
+
+
+@pytest.mark.parametrize(
+    "sampler,opts,start",
+    [
+        (functools.partial(pc, snr=0.1, n_corrector=2), {}, "marginal"),
+        (functools.partial(euler_maruyama), {}, "marginal"),
+        (functools.partial(heun, S_churn=10.0), {}, "marginal"),
+        (functools.partial(heun), {"S_churn": 10.0}, "marginal"),
+        (functools.partial(heun, S_noise=1.003), {}, "ode"),
+        (functools.partial(dpmpp_2m), {}, "ode"),
+        (heun, {"S_churn": 10.0}, "marginal"),
+        (heun, {}, "ode"),
+    ],
+)
+def test_auto_start_reads_the_declared_property(sampler, opts, start):
+    """A functools.partial of a sampler is read through: partial(pc) gets the marginal
+    start (by function identity it used to get the ODE start); Heun is stochastic exactly
+    when it churns."""
+    g = gaussian(EDM())
+    _, info = teleport(sampler, g, g, jax.random.key(0), (2, D), grid=edm_grid(6), skip=2, **opts)
+    assert info["start"] == start
+    if start == "marginal":  # and a marginal start refuses an x_T, before compiling
+        with pytest.raises(ValueError, match="marginal"):
+            teleport(
+                sampler,
+                g,
+                g,
+                jax.random.key(0),
+                (2, D),
+                grid=edm_grid(6),
+                skip=2,
+                x_T=jnp.zeros((2, D)),
+                **opts,
+            )
+
+
+def test_auto_start_refuses_a_sampler_without_a_declared_property():
+    """A plain function (a wrapper) is never silently treated as deterministic."""
+    g = gaussian(EDM())
+
+    def wrapped(source, key, shape, **kw):
+        return pc(source, key, shape, **kw)
+
+    with pytest.raises(ValueError, match="declares no stochastic/deterministic property"):
+        teleport(wrapped, g, g, jax.random.key(0), (2, D), grid=edm_grid(6), skip=2)
+    with pytest.raises(ValueError, match="declares no"):
+        teleport(
+            functools.partial(wrapped, snr=0.1),
+            g,
+            g,
+            jax.random.key(0),
+            (2, D),
+            grid=edm_grid(6),
+            skip=2,
+        )
+    # an explicit start needs no property
+    _, info = teleport(
+        wrapped, g, g, jax.random.key(0), (2, D), grid=edm_grid(6), skip=2, start="marginal"
+    )
+    assert info["start"] == "marginal"
+    # an option the sampler does not use is refused when the property is read
+    with pytest.raises(ValueError, match="sampler.S_churn is not used by sampler pc"):
+        teleport(pc, g, g, jax.random.key(0), (2, D), grid=edm_grid(6), skip=2, S_churn=1.0)
