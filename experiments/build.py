@@ -34,7 +34,7 @@ from scorelib.data import get_batch, load_digits, load_mnist_subset, load_npz, t
 from scorelib.data.images import ImageDataset
 from scorelib.data.toy import TOY_NAMES
 from scorelib.processes import Process
-from scorelib.samplers import edm_grid, get_sampler, log_snr_grid, uniform_t_grid
+from scorelib.samplers import get_sampler, make_grid
 
 DATA_NAMES = ("digits", "mnist", "toy", "npz", "target")
 GRIDS = tuple(schema.GRID_OPTIONS)
@@ -265,15 +265,6 @@ class Sampling:
 
     def __call__(self, source, key, shape, **kw):
         return self.fn(source, key, shape, grid=self.grid, **self.opts, **kw)
-
-
-def make_grid(grid: str, steps: int, process, **options) -> np.ndarray:
-    """The ``[steps + 1]`` VE noise levels of ``grid`` with its ``options`` (checked)."""
-    # MERGE: scorelib.samplers.make_grid(grid, steps, process, **options) validates and
-    # refuses the options a grid does not use; call it here.
-    if grid == "edm":
-        return edm_grid(steps, **options)
-    return {"uniform_t": uniform_t_grid, "log_snr": log_snr_grid}[grid](process, steps, **options)
 
 
 def build_sampler(cfg: DictConfig, process) -> Sampling:

@@ -20,66 +20,23 @@ From Python, :func:`load_run` gives the run's objects and a checkpoint's state::
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 
 import jax
-import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
-from tqdm.auto import tqdm
 
 from experiments import schema
-from experiments.build import Run, Sampling, checkpointer, setup
+from experiments.build import Run, checkpointer, setup
 from experiments.common import clean_errors, hydra_app
 from experiments.outputs import samples_dir, save_samples, saved_steps
 from scorelib import training
+from scorelib.samplers import draw_samples
 
 schema.register_configs()
 
 
 # --------------------------------------------------------------------------- drawing
-
-
-def draw(
-    sampling: Sampling,
-    source,
-    data_shape,
-    *,
-    num_samples: int,
-    batch_size: int,
-    seed: int,
-    progress: bool = True,
-):
-    """``num_samples`` samples ``[n, *data_shape]`` (numpy) and info (NFE, wall time, and
-    ``num_nonfinite``: how many samples hold a NaN or inf, i.e. diverged).
-
-    Example ``i`` always uses ``fold_in(key(seed), i)``, whatever ``batch_size`` is. A tqdm
-    bar counts the samples drawn (``progress=False`` hides it).
-    """
-    # MERGE: the samplers branch's library function draws N samples in batches (same keys)
-    # with an optional tqdm bar; call it here and keep only the info below.
-    key = jax.random.key(seed)
-    out, info = [], {}
-    t0 = time.perf_counter()
-    bar = tqdm(
-        total=num_samples,
-        desc=f"sampling ({sampling.name})",
-        unit="sample",
-        disable=not progress,
-        dynamic_ncols=True,
-    )
-    with bar:
-        for start in range(0, num_samples, batch_size):
-            b = min(batch_size, num_samples - start)
-            x, info = sampling(source, key, (b, *data_shape), first_index=start)
-            out.append(np.asarray(x))
-            bar.update(b)
-    info = {k: v for k, v in info.items() if isinstance(v, (int, float, str))}
-    info["wall_s"] = time.perf_counter() - t0
-    x = np.concatenate(out)
-    info["num_nonfinite"] = int(np.sum(~np.isfinite(x.reshape(num_samples, -1)).all(axis=1)))
-    return x, info
 
 
 def sample_and_save(
@@ -88,14 +45,15 @@ def sample_and_save(
     """Draw ``sampler.num_samples`` samples from ``params`` and write them under
     ``run_dir/samples`` (see :func:`experiments.outputs.samples_dir`); returns the directory."""
     sc = run.cfg.sampler
-    x, info = draw(
+    x, info = draw_samples(
         run.sampling,
         run.source(params),
+        jax.random.key(sc.seed),
         run.data.data_shape,
         num_samples=sc.num_samples,
         batch_size=sc.batch_size,
-        seed=sc.seed,
         progress=progress,
+        desc=f"sampling ({run.sampling.name})",
     )
     record = run.sampling.record
     out_dir = samples_dir(Path(run_dir), record, use_ema=use_ema, step=step)

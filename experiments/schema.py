@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -164,16 +163,7 @@ def sampler_options(name: str) -> dict[str, tuple[Any, Any]]:
         hints = typing.get_type_hints(fn)
     except (TypeError, NameError):
         hints = {}
-    # MERGE: the sampler driver declares `fn.options` (name -> default); drop the
-    # signature fallback once every registered sampler has it.
-    declared = getattr(fn, "options", None)
-    if declared is None:
-        params = inspect.signature(fn).parameters.values()
-        declared = {
-            p.name: p.default
-            for p in params
-            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _SHARED_KWARGS
-        }
+    declared = fn.options
     out = {}
     for key, default in declared.items():
         typ = hints.get(key, Any if default is None else type(default))

@@ -42,7 +42,7 @@ import jax
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from scorelib.samplers import dpmpp_2m, edm_grid, heun
+from scorelib.samplers import dpmpp_2m, draw_samples, edm_grid, heun
 from scorelib.samplers.teleport import teleport
 from scorelib.scores import EmpiricalScore, fit_gaussian, fit_kmeans_mixture, gaussian_flow
 
@@ -147,16 +147,19 @@ def sample_teleported(
     sampler_name, source, gaussian, data_shape, *, grid, skip, seed, num_samples, batch_size
 ):
     """``num_samples`` samples (numpy) and info; example ``i`` uses ``fold_in(key(seed), i)``."""
-    fn = SAMPLER_FNS[sampler_name]
-    key = jax.random.key(seed)
-    xs, info = [], {}
-    for start in range(0, num_samples, batch_size):
-        b = min(batch_size, num_samples - start)
-        x, info = teleport(
-            fn, source, gaussian, key, (b, *data_shape), grid=grid, skip=skip, first_index=start
-        )
-        xs.append(np.asarray(x))
-    return np.concatenate(xs), info
+    sampler = SAMPLER_FNS[sampler_name]
+
+    def run(src, key, shape, **kw):
+        return teleport(sampler, src, gaussian, key, shape, grid=grid, skip=skip, **kw)
+
+    return draw_samples(
+        run,
+        source,
+        jax.random.key(seed),
+        data_shape,
+        num_samples=num_samples,
+        batch_size=batch_size,
+    )
 
 
 def gaussian_only_samples(gaussian, data_shape, *, grid, seed, num_samples):

@@ -20,6 +20,7 @@ def draw_samples(
     num_samples: int,
     batch_size: int,
     progress: bool = False,
+    desc: str = "sampling",
     **kwargs,
 ) -> tuple[np.ndarray, dict]:
     """``num_samples`` samples drawn ``batch_size`` at a time, as one numpy array.
@@ -41,6 +42,7 @@ def draw_samples(
       num_samples: how many samples (>= 1).
       batch_size: samples per call (>= 1).
       progress: show a tqdm progress bar (counted in samples).
+      desc: the progress bar's label.
       **kwargs: passed to every call (``grid``, ``float64``, the sampler's options).
 
     Returns:
@@ -59,7 +61,7 @@ def draw_samples(
     data_shape = tuple(data_shape)
     out, info = [], None
     t0 = time.perf_counter()
-    with tqdm(total=num_samples, unit="sample", disable=not progress) as bar:
+    with tqdm(total=num_samples, desc=desc, unit="sample", disable=not progress) as bar:
         for start in range(0, num_samples, batch_size):
             b = min(batch_size, num_samples - start)
             x, batch_info = sample(source, key, (b, *data_shape), first_index=start, **kwargs)

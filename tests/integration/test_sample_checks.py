@@ -1,11 +1,12 @@
 """Diverged samples are counted when drawn and refused, with the count, when evaluated."""
 
+import jax
 import numpy as np
 import pytest
 
 from experiments.build import Sampling
 from experiments.evaluate import evaluate_points
-from experiments.sample import draw
+from scorelib.samplers import draw_samples
 
 
 def _diverging(source, key, shape, *, grid, first_index=0):
@@ -19,7 +20,7 @@ def _diverging(source, key, shape, *, grid, first_index=0):
 
 def test_draw_counts_nonfinite_samples_across_batches():
     s = Sampling("stub", _diverging, np.array([1.0, 0.0]), {})
-    x, info = draw(s, None, (2,), num_samples=50, batch_size=8, seed=0, progress=False)
+    x, info = draw_samples(s, None, jax.random.key(0), (2,), num_samples=50, batch_size=8)
     i = np.arange(50)
     expected = int(np.sum((i % 7 == 3) | (i % 11 == 5)))  # counted once when both
     assert x.shape == (50, 2) and info["num_nonfinite"] == expected == 11

@@ -1,7 +1,7 @@
 """Shared fixtures of the sampler tests: small analytic sources with known answers."""
 
+import closed_forms as cf
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from scorelib.processes import EDM, VE, VP, SubVP
@@ -48,8 +48,5 @@ def mixture_sources_dict():
 
 
 def alpha_at(process, ve_sigma):
-    """alpha(t(ve_sigma)) in float64 (1 at ve_sigma = 0)."""
-    if ve_sigma == 0:
-        return 1.0
-    with jax.enable_x64(True):
-        return float(process.alpha(process.t_of_ve_sigma(jnp.float64(ve_sigma))))
+    """alpha(t(ve_sigma)) in float64 (1 at ve_sigma = 0), from ``tests/closed_forms.py``."""
+    return float(cf.alpha_at_ve_sigma(process, ve_sigma))

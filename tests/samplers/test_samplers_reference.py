@@ -6,11 +6,11 @@ computes times by root finding, the SDE coefficients and the score from the VP
 formulas and the covariance directly (``solve``), not from scorelib.
 """
 
+import closed_forms as cf
 import jax
 import numpy as np
 import pytest
 from sampler_helpers import Gauss
-from scipy.optimize import brentq
 
 from scorelib.processes import VP
 from scorelib.samplers import SAMPLERS, edm_grid
@@ -22,24 +22,20 @@ KEY = jax.random.key(11)
 GRID = edm_grid(N, sigma_min=0.01, sigma_max=40.0)
 
 
-def m(t):
-    return -0.25 * t**2 * (P.beta_max - P.beta_min) - 0.5 * t * P.beta_min
-
-
 def alpha(t):
-    return np.exp(m(t))
+    return float(cf.alpha_sigma(P, t)[0])
 
 
 def sig(t):
-    return np.sqrt(1 - np.exp(2 * m(t)))
+    return float(cf.alpha_sigma(P, t)[1])
 
 
 def beta(t):
-    return P.beta_min + t * (P.beta_max - P.beta_min)
+    return float(cf.beta(P, t))
 
 
 def t_of(s):
-    return brentq(lambda t: sig(t) / alpha(t) - s, 1e-12, 2.0, xtol=1e-15, rtol=1e-15)
+    return float(cf.t_of_ve_sigma(P, s))
 
 
 def score(x, t):

@@ -10,6 +10,7 @@ samplers, the data law for Euler-Maruyama).
 
 import functools
 
+import closed_forms as cf
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -85,7 +86,7 @@ def test_skip_zero_is_the_plain_sampler_bitwise(name, process):
     # The wrapper's start draw for k > 0 is the plain sampler's documented draw
     # alpha(t0) grid[0] normal(fold_in(fold_in(key, first_index + b), 0)) ...
     x_T = start_state(g, key, shape, grid=grid, first_index=5)
-    a0 = float(process.alpha(process.t_of_ve_sigma(grid[0])))
+    a0 = float(cf.alpha_at_ve_sigma(process, grid[0]))
     eps = np.stack(
         [
             np.asarray(
@@ -272,8 +273,9 @@ def test_euler_maruyama_teleport_matches_the_data_law():
         assert ev_t <= ev_p + mc, (k, ev_t, ev_p)
         assert em_t <= em_p + 4 * np.sqrt(1.0 / shape[0]), (k, em_t, em_p)
     # A noise-only start at grid[36] leaves the output far from the data law.
-    t_k = p.t_of_ve_sigma(grid[36])
-    noise = float(p.alpha(t_k) * grid[36]) * jax.random.normal(jax.random.key(1), shape)
+    noise = float(cf.alpha_at_ve_sigma(p, grid[36]) * grid[36]) * jax.random.normal(
+        jax.random.key(1), shape
+    )
     wrong, _ = euler_maruyama(g, key, shape, grid=grid[36:], x_T=noise)
     assert max(errs(wrong)) > ev_p + 3 * mc
 
