@@ -72,7 +72,15 @@ class Heun(StepRule):
         S_min = check_real(opts["S_min"], "sampler.S_min", low=0.0)
         S_max = check_real(opts["S_max"], "sampler.S_max", low=S_min)
         S_noise = check_real(opts["S_noise"], "sampler.S_noise", low=0.0, low_open=True)
-        return {"S_churn": S_churn, "S_min": S_min, "S_max": S_max, "S_noise": S_noise}
+        got = {"S_churn": S_churn, "S_min": S_min, "S_max": S_max, "S_noise": S_noise}
+        if S_churn == 0:  # the others only shape the churn: given alone they would do nothing
+            for k in ("S_min", "S_max", "S_noise"):
+                if got[k] != self.options[k]:
+                    raise ValueError(
+                        f"sampler.{k} is not used by sampler heun when sampler.S_churn = 0 "
+                        f"(it only shapes the churn); got {got[k]!r}"
+                    )
+        return got
 
     def nfe(self, n, final_zero, opts):
         return 2 * n - (1 if final_zero else 0)

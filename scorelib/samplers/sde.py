@@ -160,10 +160,16 @@ class PredictorCorrector(EulerMaruyama):
     options = {"snr": 0.16, "n_corrector": 1}
 
     def check(self, opts, grid):
-        return {
+        got = {
             "snr": check_real(opts["snr"], "sampler.snr", low=0.0, low_open=True),
             "n_corrector": check_int(opts["n_corrector"], "sampler.n_corrector", low=0),
         }
+        if got["n_corrector"] == 0 and got["snr"] != self.options["snr"]:
+            raise ValueError(
+                "sampler.snr is not used by sampler pc when sampler.n_corrector = 0 (no "
+                f"corrector steps); got {got['snr']!r}"
+            )
+        return got
 
     def correct(self, ctx, x, i, t, a):
         # Song et al. 2021, Algorithms 4-5 with the step of corrector_step_size; its noise

@@ -161,6 +161,11 @@ def test_bad_common_input_raises_before_compiling(name, bad, match, no_compile):
         ("annealed_langevin", dict(n_steps_each=0), "sampler.n_steps_each"),
         ("annealed_langevin", dict(eps=-1e-5), "sampler.eps"),
         ("dpmpp_2m", dict(unroll=0), "sampler.unroll"),
+        # options that would do nothing with these settings are refused, not ignored
+        ("heun", dict(S_min=1.0), r"sampler.S_min is not used by sampler heun when"),
+        ("heun", dict(S_max=10.0), r"sampler.S_max is not used by sampler heun when"),
+        ("heun", dict(S_noise=1.003), r"sampler.S_noise is not used by sampler heun when"),
+        ("pc", dict(n_corrector=0, snr=0.1), r"sampler.snr is not used by sampler pc when"),
     ],
 )
 def test_bad_options_raise_before_compiling(name, opts, field, no_compile):

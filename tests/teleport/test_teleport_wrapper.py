@@ -304,7 +304,7 @@ def test_rank_r_gaussian_teleports_a_network_like_source():
         (functools.partial(euler_maruyama), {}, "marginal"),
         (functools.partial(heun, S_churn=10.0), {}, "marginal"),
         (functools.partial(heun), {"S_churn": 10.0}, "marginal"),
-        (functools.partial(heun, S_noise=1.003), {}, "ode"),
+        (functools.partial(heun, S_churn=0.0), {}, "ode"),
         (functools.partial(dpmpp_2m), {}, "ode"),
         (heun, {"S_churn": 10.0}, "marginal"),
         (heun, {}, "ode"),
