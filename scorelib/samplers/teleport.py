@@ -106,8 +106,9 @@ def _jump(process, gaussian, key, grid0, grid_k, x_T, first_index, *, shape, mar
     return gaussian_flow(gaussian, x0, sigma_from=grid0, sigma_to=grid_k).astype(dtype)
 
 
-def start_state(source, key, shape, *, grid, x_T=None, first_index: int = 0,
-                float64: bool = False) -> Array:
+def start_state(
+    source, key, shape, *, grid, x_T=None, first_index: int = 0, float64: bool = False
+) -> Array:
     """The start state at ``grid[0]`` the plain samplers draw (or ``x_T`` when given).
 
     Exposed so that tests and callers can reproduce the plain draw:
@@ -205,16 +206,24 @@ def teleport(
         )
     extra = {"skip": k, "sigma_skip": float(g[k])}
     if k == 0:
-        x, info = sampler(source, key, shape, grid=g, x_T=x_T, first_index=first_index,
-                          float64=float64, **opts)
+        x, info = sampler(
+            source, key, shape, grid=g, x_T=x_T, first_index=first_index, float64=float64, **opts
+        )
         return x, {**info, **extra, "start": "plain"}
     with C.x64_scope(float64):
         dtype = jnp.float64 if float64 else jnp.float32
         x_k = _jump(
-            source.process, jax.tree_util.tree_map(lambda a: jnp.asarray(a, dtype), gaussian),
-            key, jnp.asarray(g[0], dtype), jnp.asarray(g[k], dtype), x_T,
-            first_index, shape=shape, marginal=start == "marginal",
+            source.process,
+            jax.tree_util.tree_map(lambda a: jnp.asarray(a, dtype), gaussian),
+            key,
+            jnp.asarray(g[0], dtype),
+            jnp.asarray(g[k], dtype),
+            x_T,
+            first_index,
+            shape=shape,
+            marginal=start == "marginal",
         )
-    x, info = sampler(source, key, shape, grid=g[k:], x_T=x_k, first_index=first_index,
-                      float64=float64, **opts)
+    x, info = sampler(
+        source, key, shape, grid=g[k:], x_T=x_k, first_index=first_index, float64=float64, **opts
+    )
     return x, {**info, **extra, "start": start}

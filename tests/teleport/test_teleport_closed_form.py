@@ -9,7 +9,6 @@ References, all independent of ``gaussian_flow``:
   (the issue's acceptance check; Heun's own error at 2,000 steps is below 1e-6 here).
 """
 
-
 import closed_forms
 import jax
 import jax.numpy as jnp
@@ -35,9 +34,12 @@ def make_gaussian(process, rank=None, residual_var=0.07):
     r = D if rank is None else rank
     with jax.enable_x64(True):
         g = GaussianScore(
-            process=process, mean=jnp.asarray(mean), eigvecs=jnp.asarray(u[:, :r]),
+            process=process,
+            mean=jnp.asarray(mean),
+            eigvecs=jnp.asarray(u[:, :r]),
             eigvals=jnp.asarray(EIGVALS[:r]),
-            residual_var=jnp.asarray(0.0 if r == D else residual_var), data_shape=(D,),
+            residual_var=jnp.asarray(0.0 if r == D else residual_var),
+            data_shape=(D,),
         )
     cov = u[:, :r] @ np.diag(EIGVALS[:r]) @ u[:, :r].T
     if r < D:
@@ -108,12 +110,18 @@ def test_rank_r_equals_full_rank_with_the_same_covariance():
     g_r, _, cov = make_gaussian(EDM(), rank=2)
     lam, u = np.linalg.eigh(cov)
     with jax.enable_x64(True):
-        g_full = GaussianScore(process=EDM(), mean=g_r.mean, eigvecs=jnp.asarray(u),
-                               eigvals=jnp.asarray(lam), residual_var=jnp.asarray(0.0),
-                               data_shape=(D,))
+        g_full = GaussianScore(
+            process=EDM(),
+            mean=g_r.mean,
+            eigvecs=jnp.asarray(u),
+            eigvals=jnp.asarray(lam),
+            residual_var=jnp.asarray(0.0),
+            data_shape=(D,),
+        )
     x = np.random.default_rng(3).normal(size=(4, D)) * 30
-    np.testing.assert_allclose(flow64(g_r, x, 30.0, 0.1), flow64(g_full, x, 30.0, 0.1),
-                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(
+        flow64(g_r, x, 30.0, 0.1), flow64(g_full, x, 30.0, 0.1), rtol=1e-10, atol=1e-12
+    )
 
 
 def test_flow_composes_and_transports_the_marginal():
@@ -121,13 +129,18 @@ def test_flow_composes_and_transports_the_marginal():
     marginal: the transported covariance U diag(sqrt ratio) (Sigma + s1^2 I) (...)^T."""
     g, mean, cov = make_gaussian(EDM(), rank=3)
     x = np.random.default_rng(4).normal(size=(5, D)) * 10 + mean
-    np.testing.assert_allclose(flow64(g, flow64(g, x, 10.0, 2.0), 2.0, 0.3),
-                               flow64(g, x, 10.0, 0.3), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(
+        flow64(g, flow64(g, x, 10.0, 2.0), 2.0, 0.3),
+        flow64(g, x, 10.0, 0.3),
+        rtol=1e-10,
+        atol=1e-12,
+    )
     # The flow is affine: x -> mu + A (x - mu); A (Sigma + s1^2) A^T must be Sigma + s3^2.
     s1, s3 = 10.0, 0.3
     a = (flow64(g, mean + np.eye(D), s1, s3) - mean).T
-    np.testing.assert_allclose(a @ (cov + s1**2 * np.eye(D)) @ a.T, cov + s3**2 * np.eye(D),
-                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(
+        a @ (cov + s1**2 * np.eye(D)) @ a.T, cov + s3**2 * np.eye(D), rtol=1e-10, atol=1e-12
+    )
 
 
 def test_marginal_sample_has_the_marginal_covariance():
@@ -140,8 +153,9 @@ def test_marginal_sample_has_the_marginal_covariance():
         cols = np.asarray(gaussian_marginal_sample(g, jnp.eye(D), s)) - a * mean
         zero = np.asarray(gaussian_marginal_sample(g, jnp.zeros((1, D)), s))[0]
     np.testing.assert_allclose(zero, a * mean, rtol=1e-12)
-    np.testing.assert_allclose(cols.T @ cols, a**2 * (cov + s**2 * np.eye(D)), rtol=1e-10,
-                               atol=1e-12)
+    np.testing.assert_allclose(
+        cols.T @ cols, a**2 * (cov + s**2 * np.eye(D)), rtol=1e-10, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize(

@@ -93,8 +93,12 @@ def test_kmeans_mixture_components():
     w = np.exp(np.asarray(mix.log_weights))[order]
     np.testing.assert_allclose(w, np.bincount(lab) / 600, atol=1e-6)
     # Each component's covariance is its cluster's ML covariance + ridge I.
-    covs = np.einsum("kij,kj,klj->kil", np.asarray(mix.eigvecs, np.float64),
-                     np.asarray(mix.eigvals, np.float64), np.asarray(mix.eigvecs, np.float64))
+    covs = np.einsum(
+        "kij,kj,klj->kil",
+        np.asarray(mix.eigvecs, np.float64),
+        np.asarray(mix.eigvals, np.float64),
+        np.asarray(mix.eigvecs, np.float64),
+    )
     for j, k in enumerate(order):
         xk = x[lab == j]
         ref = np.cov(xk.T, bias=True) + 1e-3 * np.eye(2)
