@@ -171,17 +171,38 @@ def exclusive(run_dir: Path):
 # --------------------------------------------------------------------------- the app
 
 
-@clean_errors
-def run_training(cfg: DictConfig) -> Path:
+def train_in(
+    run_dir: Path,
+    cfg: DictConfig,
+    *,
+    progress: bool = True,
+    handle_signals: bool = True,
+    tensorboard: bool = True,
+    extra: dict | None = None,
+):
+    """Train (or resume, or find complete) the run of ``cfg`` in ``run_dir``.
+
+    Every check runs before anything is written (same run, resume compatibility,
+    ``init_from``); then ``run_info.json`` and ``config.yaml`` are written and
+    :func:`scorelib.training.train` runs under an exclusive lock on ``run_dir``.
+    Used by ``experiments.train`` and by tables that train their own models.
+
+    Returns:
+      ``(run, state)``: the built run (:class:`experiments.build.Run`) and the final
+      train state.
+
+    Raises:
+      ValueError, FileNotFoundError: naming the config field, before anything is written;
+      scorelib.training.Interrupted: a signal stopped training after saving a step.
+    """
     jax.config.update("jax_default_matmul_precision", "highest")
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
     run = setup(cfg)
     check_same_run(run_dir, cfg)
     check_resume(run, run_dir)
     fresh = not saved_steps(run_dir)
     state = initial_state(run, cfg.get("init_from")) if fresh else run.state
     with exclusive(run_dir):
-        write_run_info(run_dir, used_config(cfg), seed=cfg.trainer.seed)
+        write_run_info(run_dir, used_config(cfg), seed=cfg.trainer.seed, extra=extra)
         ckpt = checkpointer(run, run_dir)
         try:
             state = training.train(
@@ -193,10 +214,20 @@ def run_training(cfg: DictConfig) -> Path:
                 log_every=cfg.trainer.log_every,
                 nonfinite=cfg.trainer.nonfinite,
                 desc=cfg.name,
+                progress=progress,
+                handle_signals=handle_signals,
+                tensorboard=tensorboard,
             )
         finally:
             ckpt.close()
-        out = sample_and_save(run, state.ema_params, run_dir, step=int(state.step))
+    return run, state
+
+
+@clean_errors
+def run_training(cfg: DictConfig) -> Path:
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    run, state = train_in(run_dir, cfg)
+    out = sample_and_save(run, state.ema_params, run_dir, step=int(state.step))
     print(f"run directory: {run_dir}\nsamples: {out}")
     return run_dir
 

@@ -68,41 +68,24 @@ def _compose_train_cfg(overrides: list[str]) -> DictConfig:
 
 def train_model(overrides: list[str], model_dir: Path, *, progress: bool = False) -> float:
     """Train (or resume, or reuse) the model of ``experiments.train`` + ``overrides`` in
-    ``model_dir``, through ``experiments.train.setup`` and ``scorelib.training.train``.
+    ``model_dir`` with :func:`experiments.train.train_in` (the entry point's own checks).
 
     Returns:
       wall seconds spent (near 0 when the run was already complete).
     """
-    from experiments import train as train_app
-    from experiments.common import write_run_info
-    from scorelib import training
+    from experiments.train import train_in
 
     cfg = _compose_train_cfg(overrides)
     t0 = time.perf_counter()
-    run = train_app.setup(cfg)
-    write_run_info(
-        model_dir,
+    extra = {"trained_by": "experiments.tables.gaussian_teleport", "overrides": list(overrides)}
+    train_in(
+        Path(model_dir),
         cfg,
-        seed=cfg.trainer.seed,
-        extra={"trained_by": "experiments.tables.gaussian_teleport", "overrides": list(overrides)},
+        progress=progress,
+        handle_signals=False,
+        tensorboard=False,
+        extra=extra,
     )
-    ckpt = train_app.checkpointer(run, model_dir)
-    try:
-        training.train(
-            run.state,
-            run.step_fn,
-            num_steps=cfg.trainer.steps,
-            ckpt=ckpt,
-            log_dir=str(model_dir),
-            log_every=cfg.trainer.log_every,
-            nonfinite=cfg.trainer.nonfinite,
-            desc=cfg.name,
-            progress=progress,
-            handle_signals=False,
-            tensorboard=False,
-        )
-    finally:
-        ckpt.close()
     return time.perf_counter() - t0
 
 

@@ -75,8 +75,12 @@ def _finite_floats(obj: Any, *names: str) -> None:
     """
     for name in names:
         value = check_real(
-            getattr(obj, name), f"process.{name}", low=-math.inf, high=math.inf,
-            low_open=True, high_open=True,
+            getattr(obj, name),
+            f"process.{name}",
+            low=-math.inf,
+            high=math.inf,
+            low_open=True,
+            high_open=True,
         )
         object.__setattr__(obj, name, value)
 
@@ -204,3 +208,32 @@ class Process:
     def replace(self, **changes) -> Process:
         """A copy with some fields changed (validated again, ``ValueError`` as the constructor)."""
         return dataclasses.replace(self, **changes)
+
+
+class VEFrameProcess(Process):
+    """A process with ``alpha(t) = 1`` (VE and EDM): it is already in the VE frame.
+
+    Writes the members that ``alpha = 1`` fixes: ``alpha``, ``ve_sigma = sigma``,
+    ``t_of_ve_sigma = t_of_sigma``, ``f = 0``, and the prior ``N(0, sigma_max^2 I)``
+    (subclasses have a ``sigma_max`` field). Subclasses write ``sigma`` and its inverses.
+    """
+
+    def alpha(self, t):
+        """``alpha(t) = 1``; same shape as ``t``."""
+        return jnp.ones_like(jnp.asarray(t, dtype=jnp.result_type(t, jnp.float32)))
+
+    def ve_sigma(self, t):
+        """``sigma(t)`` (``alpha = 1``)."""
+        return self.sigma(t)
+
+    def t_of_ve_sigma(self, ve_sigma):
+        """Inverse of :meth:`ve_sigma` (= :meth:`t_of_sigma`)."""
+        return self.t_of_sigma(ve_sigma)
+
+    def f(self, t):
+        """``f(t) = d log alpha / dt = 0``; same shape as ``t``."""
+        return jnp.zeros_like(self.sigma(t))
+
+    def prior_std(self) -> float:
+        """``sigma_max``."""
+        return float(self.sigma_max)

@@ -8,12 +8,12 @@ import jax.numpy as jnp
 
 from scorelib._checks import require
 from scorelib._pytree import static_pytree
-from scorelib.processes.base import Process, _finite_floats
+from scorelib.processes.base import VEFrameProcess, _finite_floats
 
 
 @static_pytree
 @dataclasses.dataclass(frozen=True)
-class EDM(Process):
+class EDM(VEFrameProcess):
     """``x_t = x_0 + t eps``, ``t`` in ``[sigma_min, sigma_max]`` (time is the noise level).
 
     Forward SDE: ``dx = sqrt(2 t) dw`` (so that ``d sigma^2 / dt = 2 t``; Karras et al.
@@ -47,10 +47,6 @@ class EDM(Process):
         """``sigma_max``."""
         return self.sigma_max
 
-    def alpha(self, t):
-        """``alpha(t) = 1``; same shape as ``t``."""
-        return jnp.ones_like(jnp.asarray(t, dtype=jnp.result_type(t, jnp.float32)))
-
     def sigma(self, t):
         """``sigma(t) = t`` (data units); same shape as ``t``."""
         return jnp.asarray(t, dtype=jnp.result_type(t, jnp.float32))
@@ -67,22 +63,6 @@ class EDM(Process):
         """``t = sigma``; same shape as ``sigma``."""
         return jnp.asarray(sigma, dtype=jnp.result_type(sigma, jnp.float32))
 
-    def ve_sigma(self, t):
-        """``sigma(t) = t`` (the process is already in the VE frame)."""
-        return self.sigma(t)
-
-    def t_of_ve_sigma(self, ve_sigma):
-        """``t = ve_sigma``."""
-        return self.t_of_sigma(ve_sigma)
-
-    def f(self, t):
-        """``f(t) = 0`` (``alpha = 1``); same shape as ``t``."""
-        return jnp.zeros_like(self.sigma(t))
-
     def g2(self, t):
         """``g(t)^2 = d t^2 / dt = 2 t``; same shape as ``t``."""
         return 2.0 * self.sigma(t)
-
-    def prior_std(self) -> float:
-        """``sigma_max``."""
-        return float(self.sigma_max)

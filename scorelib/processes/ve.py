@@ -9,12 +9,12 @@ import jax.numpy as jnp
 
 from scorelib._checks import require
 from scorelib._pytree import static_pytree
-from scorelib.processes.base import Process, _finite_floats
+from scorelib.processes.base import VEFrameProcess, _finite_floats
 
 
 @static_pytree
 @dataclasses.dataclass(frozen=True)
-class VE(Process):
+class VE(VEFrameProcess):
     """``x_t = x_0 + sigma(t) eps``, ``sigma(t) = sigma_min (sigma_max / sigma_min)^t``.
 
     ``t`` in ``[eps, 1]``. Forward SDE ``dx = sigma(t) sqrt(2 ln(sigma_max/sigma_min)) dw``,
@@ -55,10 +55,6 @@ class VE(Process):
     def _log_ratio(self) -> float:
         return math.log(self.sigma_max / self.sigma_min)
 
-    def alpha(self, t):
-        """``alpha(t) = 1``; same shape as ``t``."""
-        return jnp.ones_like(jnp.asarray(t, dtype=jnp.result_type(t, jnp.float32)))
-
     def sigma(self, t):
         """``sigma_min (sigma_max / sigma_min)^t`` (data units); same shape as ``t``."""
         return self.sigma_min * jnp.exp(jnp.asarray(t) * self._log_ratio)
@@ -75,22 +71,6 @@ class VE(Process):
         """``log(sigma / sigma_min) / log(sigma_max / sigma_min)``; same shape as ``sigma``."""
         return (jnp.log(sigma) - math.log(self.sigma_min)) / self._log_ratio
 
-    def ve_sigma(self, t):
-        """``sigma(t)`` (the process is already in the VE frame)."""
-        return self.sigma(t)
-
-    def t_of_ve_sigma(self, ve_sigma):
-        """Inverse of :meth:`ve_sigma` (= :meth:`t_of_sigma`)."""
-        return self.t_of_sigma(ve_sigma)
-
-    def f(self, t):
-        """``f(t) = 0`` (``alpha = 1``); same shape as ``t``."""
-        return jnp.zeros_like(self.sigma(t))
-
     def g2(self, t):
         """``g(t)^2 = d sigma(t)^2 / dt = 2 ln(sigma_max / sigma_min) sigma(t)^2``."""
         return 2.0 * self._log_ratio * self.sigma(t) ** 2
-
-    def prior_std(self) -> float:
-        """``sigma_max``."""
-        return float(self.sigma_max)
