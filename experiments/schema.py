@@ -163,9 +163,10 @@ def sampler_options(name: str) -> dict[str, tuple[Any, Any]]:
         hints = typing.get_type_hints(fn)
     except (TypeError, NameError):
         hints = {}
-    declared = fn.options
     out = {}
-    for key, default in declared.items():
+    for key, default in fn.options.items():
+        if key in _SHARED_KWARGS:  # ``unroll`` changes compile time, never the samples
+            continue
         typ = hints.get(key, Any if default is None else type(default))
         out[key] = (typ, default)
     return out

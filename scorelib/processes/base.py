@@ -31,6 +31,7 @@ import dataclasses
 import math
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from scorelib._checks import check_real
@@ -188,6 +189,20 @@ class Process:
         return (
             broadcast_to_data(self.alpha(t), x0) * x0 + broadcast_to_data(self.sigma(t), x0) * eps
         )
+
+    def prior_sample(self, key: jax.Array, shape: tuple[int, ...], dtype=jnp.float32) -> Array:
+        """A draw from the prior ``N(0, prior_std^2 I)``, the start of a reverse process at
+        ``t_max`` (Song et al. 2021, Sec. 3.3).
+
+        Args:
+          key: one PRNG key.
+          shape: ``(batch, *data_shape)``.
+          dtype: floating dtype of the draw.
+
+        Returns:
+          ``shape`` array in data units.
+        """
+        return self.prior_std() * jax.random.normal(key, shape, dtype)
 
     def prior_logp(self, x: Array) -> Array:
         """Log-density (nats) of the prior ``N(0, prior_std^2 I)`` at ``x``.

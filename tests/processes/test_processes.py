@@ -226,6 +226,17 @@ def test_prior_logp_matches_scipy(p, data_shape):
     np.testing.assert_allclose(p.prior_logp(x), ref_mvn, rtol=1e-5)
 
 
+@pytest.mark.parametrize("p", [VE(), VP(), SubVP(), EDM()], ids=lambda p: type(p).__name__)
+def test_prior_sample_has_the_prior_moments(p):
+    """Draws of N(0, prior_std^2 I): mean 0 and std prior_std (closed form) within 5 SE."""
+    n, d = 100_000, 3
+    x = np.asarray(p.prior_sample(jax.random.key(0), (n, d)), np.float64)
+    s = closed_forms.prior_std(p)
+    assert x.shape == (n, d)
+    np.testing.assert_allclose(x.mean(0), 0.0, atol=5 * s / np.sqrt(n))
+    np.testing.assert_allclose(x.std(0), s, rtol=5 / np.sqrt(2 * n))
+
+
 def test_vp_prior_is_close_to_marginal_at_t_max():
     p = VP()
     a, s = ref_alpha_sigma(p, 1.0)
