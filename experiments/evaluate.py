@@ -37,7 +37,7 @@ from scorelib.metrics import (
     fd_floor,
     memorisation_stats,
     mnist_subset_config,
-    sliced_wasserstein2,
+    sample_distances,
 )
 from scorelib.metrics.baselines import gaussian_baseline
 from scorelib.metrics.classifier import ClassifierConfig, default_cache_dir
@@ -153,10 +153,8 @@ def evaluate_points(samples, reference, *, seed: int = 0, prior=None) -> dict:
       ValueError: for non-finite samples.
     """
     check_finite(samples)
-    out = {
-        "energy_distance": energy_distance(samples, reference),
-        "sliced_w2": sliced_wasserstein2(samples, reference, n_projections=256, seed=seed),
-    }
+    d = sample_distances(samples, reference, seed=seed)
+    out = {"energy_distance": d["energy"], "sliced_w2": d["sw2"]}
     if prior is not None:
         out["energy_distance_prior"] = energy_distance(prior, reference)
     return out

@@ -37,19 +37,23 @@ def check_real(
     high: float = math.inf,
     low_open: bool = False,
     high_open: bool = False,
+    allow_inf: bool = False,
 ) -> float:
     """``value`` as a float, required to lie in the interval ``low .. high``.
 
-    ``low_open`` / ``high_open`` exclude the end points; infinite ends are allowed values
-    only when the interval is closed there (``high=inf`` closed admits ``inf``).
+    ``low_open`` / ``high_open`` exclude the end points. Infinite values are refused (an
+    infinite end is then open) unless ``allow_inf`` (e.g. EDM's ``S_max = inf``).
 
     Raises:
       ValueError: ``<field> must be a number in (low, high]; got <value>`` for a non-number,
-        NaN, a bool, a string, or a value outside the interval.
+        NaN, a bool, a string, an infinity (unless allowed) or a value outside the interval.
     """
+    if not allow_inf:
+        low_open = low_open or math.isinf(low)
+        high_open = high_open or math.isinf(high)
     ok = is_real(value)
     v = float(value) if ok else math.nan
-    ok = ok and not math.isnan(v)
+    ok = ok and not math.isnan(v) and (allow_inf or math.isfinite(v))
     ok = ok and (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
     lo, hi = ("(" if low_open else "["), (")" if high_open else "]")
     require(ok, field, f"a number in {lo}{low}, {high}{hi}", value)

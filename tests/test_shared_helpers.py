@@ -18,7 +18,9 @@ from scorelib import _checks, _io, _pytree
         (1.0, dict(low=0.0, low_open=True), True),
         (0.0, dict(low=0.0, low_open=True), False),
         (0.0, dict(low=0.0), True),
-        (math.inf, dict(low=0.0), True),
+        (math.inf, dict(low=0.0), False),  # infinities only when allowed
+        (math.inf, dict(low=0.0, allow_inf=True), True),
+        (-math.inf, dict(allow_inf=True), True),
         (math.inf, dict(low=0.0, high=math.inf, high_open=True), False),
         (math.nan, dict(), False),
         ("1.0", dict(), False),

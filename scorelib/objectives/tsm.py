@@ -309,7 +309,7 @@ def label_residuals(objective: MixedScoreMatching, truth, x0: Array, t: Array, e
 
     Returns:
       ``{"u", "u_dsm", "u_tsm"}`` -> ``[b]`` squared Euclidean norms (summed over the data
-      axes, so DSM's grows like ``d / ve_sigma^2`` at low noise; units of 1 / data^2).
+      axes, so DSM's grows like ``d / sigma(t)^2`` at low noise; units of 1 / data^2).
     """
     lab = objective.labels(x0, t, eps)
     s = truth.score(lab["xt"], t)

@@ -189,6 +189,7 @@ class Context:
 
     @property
     def process(self):
+        """The source's noise process."""
         return self.source.process
 
     @property
@@ -198,10 +199,12 @@ class Context:
 
     @property
     def dtype(self):
+        """The state's dtype (float32, or float64 under ``float64=True``)."""
         return self.grid.dtype
 
     @property
     def data_shape(self) -> tuple:
+        """The shape of one sample, ``shape[1:]``."""
         return self.shape[1:]
 
     def step_keys(self, i: Array) -> jax.Array:

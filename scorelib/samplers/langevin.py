@@ -6,7 +6,7 @@ One step (Song & Ermon 2019, Algorithm 1 line 6; Song et al. 2021, Algorithms 4-
     x <- x + eps s(x) + sqrt(2 eps) z,    z ~ N(0, I)
 
 with ``s`` the score of the density to sample and ``eps > 0`` a step size that depends
-on the time (noise level) only, never on the state: then the chain is the unadjusted
+on the time (and, in PC, the grid) only, never on the state: then the chain is the unadjusted
 Langevin algorithm (ULA) with a fixed step, whose stationary law is the target up to an
 ``O(eps)`` discretisation bias (for ``N(m, v)`` exactly ``N(m, v / (1 - eps / (2 v)))``,
 Roberts & Tweedie 1996), and every chain is independent of the others in its batch.

@@ -70,7 +70,7 @@ class Heun(StepRule):
     def check(self, opts, grid):
         S_churn = check_real(opts["S_churn"], "sampler.S_churn", low=0.0)
         S_min = check_real(opts["S_min"], "sampler.S_min", low=0.0)
-        S_max = check_real(opts["S_max"], "sampler.S_max", low=S_min)
+        S_max = check_real(opts["S_max"], "sampler.S_max", low=S_min, allow_inf=True)
         S_noise = check_real(opts["S_noise"], "sampler.S_noise", low=0.0, low_open=True)
         got = {"S_churn": S_churn, "S_min": S_min, "S_max": S_max, "S_noise": S_noise}
         if S_churn == 0:  # the others only shape the churn: given alone they would do nothing

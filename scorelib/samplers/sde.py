@@ -137,7 +137,9 @@ class PredictorCorrector(EulerMaruyama):
     step. A step to ``ve_sigma = 0`` is the corrector followed by the Tweedie denoising
     step. Stochastic.
 
-    The step depends on ``t`` only, where the paper's ``2 a_i (snr ||z|| / ||s||)^2`` depends
+    The step depends on the grid (``t_i`` and, through ``a_i``, the spacing to ``t_{i+1}``:
+    on a coarse VP grid ``a_i`` is well below 1, as score_sde's ``1 - beta_i`` is at small
+    N) and never on the state, where the paper's ``2 a_i (snr ||z|| / ||s||)^2`` depends
     on each chain's own score norm; the two agree where ``p_t`` is noise-dominated
     (``||s|| ~ sqrt(d) / sigma(t)``), and only the fixed step leaves ``p_t`` invariant (up
     to ULA's ``O(eps)`` bias), is finite where ``s = 0``, and keeps each sample independent

@@ -1,9 +1,9 @@
 """Fits of a data set: a Gaussian (full or low rank) and a k-means Gaussian mixture.
 
 Wang & Vastola, "The unreasonable effectiveness of Gaussian score approximation for
-diffusion models and its applications", TMLR 2024 (arXiv 2311.10892), Secs. 3 and 5: the
-Gaussian and mixture score approximations of a trained diffusion model are the exact
-scores of these fits (:class:`scorelib.scores.GaussianScore`,
+diffusion models and its applications", TMLR 2024 (arXiv 2412.09726; precursor arXiv
+2311.10892), Secs. 3 and 5: the Gaussian and mixture score approximations of a trained
+diffusion model are the exact scores of these fits (:class:`scorelib.scores.GaussianScore`,
 :class:`scorelib.scores.MixtureScore`, for every process). The closed-form
 probability-flow ODE of the Gaussian lives beside it, in ``scorelib/scores/gaussian.py``.
 
@@ -42,8 +42,9 @@ def _as_matrix(data) -> tuple[np.ndarray, tuple]:
     return x.reshape(n, -1), tuple(x.shape[1:])
 
 
-def fit_gaussian(process: Process, data, rank: int | None = None, *, ddof: int = 1
-                 ) -> GaussianScore:
+def fit_gaussian(
+    process: Process, data, rank: int | None = None, *, ddof: int = 1
+) -> GaussianScore:
     """Fit ``N(mu, Sigma)`` to a data set and return it as a score source.
 
     ``mu`` is the sample mean and ``Sigma`` the sample covariance (divisor ``n - ddof``),
@@ -93,7 +94,7 @@ def fit_gaussian(process: Process, data, rank: int | None = None, *, ddof: int =
         u_all = wt.T  # [d, min(n, d)]
         if r > u_all.shape[1]:
             # More directions than the data spans: complete the basis with zero variance.
-            q, _ = np.linalg.qr(np.concatenate([u_all, np.eye(d)[:, : r]], axis=1))
+            q, _ = np.linalg.qr(np.concatenate([u_all, np.eye(d)[:, :r]], axis=1))
             extra = q[:, u_all.shape[1] : r]
             u_all = np.concatenate([u_all, extra], axis=1)
             lam_all = np.concatenate([lam_all, np.zeros(r - lam_all.shape[0])])
@@ -120,8 +121,9 @@ def fit_gaussian(process: Process, data, rank: int | None = None, *, ddof: int =
     )
 
 
-def fit_kmeans_mixture(process: Process, data, n_components: int = 10, *, ridge: float = 1e-4,
-                       seed: int = 0) -> MixtureScore:
+def fit_kmeans_mixture(
+    process: Process, data, n_components: int = 10, *, ridge: float = 1e-4, seed: int = 0
+) -> MixtureScore:
     """A Gaussian mixture fitted by k-means (Wang & Vastola 2024, Sec. 5, "GMM" score).
 
     scikit-learn ``KMeans(n_components, n_init=10, random_state=seed)`` on the flattened
@@ -159,5 +161,6 @@ def fit_kmeans_mixture(process: Process, data, n_components: int = 10, *, ridge:
         weights.append(xk.shape[0] / n)
         means.append(m)
         covs.append(c + ridge * np.eye(d))
-    return MixtureScore.create(process, np.array(weights), np.stack(means), np.stack(covs),
-                               data_shape=data_shape)
+    return MixtureScore.create(
+        process, np.array(weights), np.stack(means), np.stack(covs), data_shape=data_shape
+    )

@@ -65,6 +65,7 @@ class MetricsWriter:
                     self._tb.add_scalar(f"train/{k}", v, int(step))
 
     def close(self) -> None:
+        """Close the JSONL file and the TensorBoard writer (if any)."""
         self._f.close()
         if self._tb is not None:
             self._tb.close()
