@@ -156,10 +156,13 @@ def test_bad_common_input_raises_before_compiling(name, bad, match, no_compile):
         ("heun", dict(S_min=2.0, S_max=1.0), "sampler.S_max"),
         ("heun", dict(S_noise=0.0), "sampler.S_noise"),
         ("pc", dict(snr=0.0), "sampler.snr"),
+        ("pc", dict(snr=float("inf")), "sampler.snr"),  # an infinite step gave NaN samples
+        ("heun", dict(S_churn=1.0, S_noise=float("inf")), "sampler.S_noise"),
         ("pc", dict(n_corrector=-1), "sampler.n_corrector"),
         ("pc", dict(n_corrector=1.5), "sampler.n_corrector"),
         ("annealed_langevin", dict(n_steps_each=0), "sampler.n_steps_each"),
         ("annealed_langevin", dict(eps=-1e-5), "sampler.eps"),
+        ("annealed_langevin", dict(eps=float("inf")), "sampler.eps"),
         ("dpmpp_2m", dict(unroll=0), "sampler.unroll"),
         # options that would do nothing with these settings are refused, not ignored
         ("heun", dict(S_min=1.0), r"sampler.S_min is not used by sampler heun when"),
