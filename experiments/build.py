@@ -364,6 +364,12 @@ def check_trainer(tc: DictConfig) -> None:
     check_int(tc.seed, "trainer.seed", low=0)
     if tc.get("keep_every") is not None:
         check_int(tc.keep_every, "trainer.keep_every", low=1)
+    if tc.get("ema_decay") is not None:
+        check_real(tc.ema_decay, "trainer.ema_decay", low=0.0, high=1.0, high_open=True)
+    if tc.get("ema_halflife_nimg") is not None:
+        check_real(tc.ema_halflife_nimg, "trainer.ema_halflife_nimg", low=0.0, low_open=True)
+    if tc.get("ema_rampup_ratio") is not None:
+        check_real(tc.ema_rampup_ratio, "trainer.ema_rampup_ratio", low=0.0, low_open=True)
 
 
 def setup(cfg: DictConfig) -> Run:

@@ -302,9 +302,8 @@ def _output_top(cfg) -> tuple[Path, Path] | None:
         return out, Path(cfg.run_dir)
     name = str(hc.job.override_dirname or "")
     text = str(out)
-    if not (name and text.endswith(name)):
-        return out, out
-    top = Path(text[: -len(name)] or ".").resolve()
+    top = Path(text[: -len(name)] or ".") if name and text.endswith(name) else out
+    top = top.resolve()
     cwd = Path.cwd().resolve()
     if cwd in top.parents:  # outputs/<name>/...: up to outputs/, if this command made it
         top = cwd / top.relative_to(cwd).parts[0]

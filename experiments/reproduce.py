@@ -22,11 +22,10 @@ import re
 import time
 from pathlib import Path
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from experiments.common import clean_errors
+from experiments.common import clean_errors, hydra_app
 from experiments.tables.common import command_line, write_report
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -95,10 +94,7 @@ def reproduce(cfg: DictConfig) -> Path:
     return path
 
 
-@hydra.main(config_path="../configs", config_name="reproduce", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    """The Hydra entry point (see the module docstring)."""
-    reproduce(cfg)
+main = hydra_app("reproduce")(reproduce)
 
 
 if __name__ == "__main__":

@@ -13,11 +13,16 @@ import numpy as np
 import pytest
 from conftest import run, run_inprocess
 
-T, S, E = "train", "sample", "evaluate"
+T, S, E, R = "train", "sample", "evaluate", "reproduce"
 
 # (module, overrides, what the line must name). {run} is a trained run, {missing} a
 # directory that does not exist, {npz} a .npz without a `samples` array.
 BAD_COMMANDS = [
+    # experiments.reproduce goes through the same one-line reporting
+    (R, [], "table= is required; choose one of"),
+    (R, ["table=tsm_low_nois"], "table must be one of"),
+    (R, ["table=tsm_low_noise", "table.foo=1"], "table.foo"),
+    (T, ["trainer.ema_decay=1.5"], "trainer.ema_decay must be a number in [0.0, 1.0)"),
     # Hydra's own: group options, fields, types, syntax, mandatory values
     (T, ["process=vpp"], "process must be one of ['custom', 'edm', 'subvp', 've', 'vp']"),
     (T, ["proces=vp"], "did you mean process?"),
