@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from experiments.common import clean_errors, hydra_app
+from experiments.common import CONFIG_DIR, clean_errors, hydra_app
 from experiments.tables.common import command_line, write_report
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -43,6 +43,25 @@ def require_table(cfg: DictConfig) -> DictConfig:
     if table is None:
         raise ValueError(f"table= is required; choose one of {table_names()}")
     return table
+
+
+def check_table_fields(table: DictConfig, choice: str) -> None:
+    """Refuse a field added on the command line (``+table.foo=1``) that the table's config
+    file ``configs/table/<choice>.yaml`` does not have: the table would ignore it.
+
+    Raises:
+      ValueError: naming ``table.<field>`` and listing the table's fields.
+    """
+    path = CONFIG_DIR / "table" / f"{choice}.yaml"
+    if not path.is_file():
+        return
+    known = set(OmegaConf.load(path)) - {"defaults"}
+    extra = sorted(set(table) - known)
+    if extra:
+        raise ValueError(
+            f"table.{extra[0]} is not a field of table={choice} (its fields: "
+            f"{', '.join(sorted(known))}); the table would ignore it"
+        )
 
 
 def resolve_runner(table_cfg: DictConfig):
@@ -81,7 +100,9 @@ def reproduce(cfg: DictConfig) -> Path:
     Raises:
       ValueError: when no ``table=`` is given, or as :func:`resolve_runner`.
     """
-    run = resolve_runner(require_table(cfg))
+    table = require_table(cfg)
+    check_table_fields(table, HydraConfig.get().runtime.choices.get("table"))
+    run = resolve_runner(table)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     command = command_line()
     t0 = time.perf_counter()

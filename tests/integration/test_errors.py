@@ -22,6 +22,7 @@ BAD_COMMANDS = [
     (R, [], "table= is required; choose one of"),
     (R, ["table=tsm_low_nois"], "table must be one of"),
     (R, ["table=tsm_low_noise", "table.foo=1"], "table.foo"),
+    (R, ["table=tsm_low_noise", "+table.foo=1"], "table.foo is not a field of table=tsm_low_noise"),
     (T, ["trainer.ema_decay=1.5"], "trainer.ema_decay must be a number in [0.0, 1.0)"),
     # Hydra's own: group options, fields, types, syntax, mandatory values
     (T, ["process=vpp"], "process must be one of ['custom', 'edm', 'subvp', 've', 'vp']"),
