@@ -199,8 +199,10 @@ def train_in(
     run = setup(cfg)
     check_same_run(run_dir, cfg)
     check_resume(run, run_dir)
-    fresh = not saved_steps(run_dir)
-    state = initial_state(run, cfg.get("init_from")) if fresh else run.state
+    saved = saved_steps(run_dir)
+    state = run.state if saved else initial_state(run, cfg.get("init_from"))
+    if saved and saved[-1] < cfg.trainer.steps:
+        print(f"resuming {run_dir} from step {saved[-1]} of {cfg.trainer.steps}", flush=True)
     with exclusive(run_dir):
         write_run_info(run_dir, used_config(cfg), seed=cfg.trainer.seed, extra=extra)
         ckpt = checkpointer(run, run_dir)
