@@ -53,6 +53,7 @@ from scorelib.scores.gaussian_fit import fit_gaussian
 schema.register_configs()
 
 CLASSIFIERS = {"digits": ClassifierConfig, "mnist": mnist_subset_config}
+MIN_TWO_SAMPLE = 10  # fewest samples for 5-fold C2ST and k = 3 precision/recall
 
 
 # --------------------------------------------------------------------------- metrics
@@ -162,7 +163,8 @@ def evaluate_images(
       ``bpd_options``; and the memorisation statistics of the samples and of the test split.
 
     Raises:
-      ValueError: for a ``data_name`` without a bundled classifier, or non-finite samples.
+      ValueError: for a ``data_name`` without a bundled classifier, non-finite samples, or
+        fewer than ``MIN_TWO_SAMPLE`` samples.
     """
     check_finite(samples)
     if data_name not in CLASSIFIERS:
@@ -170,6 +172,11 @@ def evaluate_images(
             f"FD needs a bundled classifier: data.name must be one of {list(CLASSIFIERS)}"
         )
     two_sample_draws = check_int(two_sample_draws, "two_sample_draws", low=1)
+    if samples.shape[0] < MIN_TWO_SAMPLE:
+        raise ValueError(
+            f"the two-sample test and precision/recall need at least {MIN_TWO_SAMPLE} samples "
+            f"(5 folds, 3 neighbours); got {samples.shape[0]}: draw more (sampler.num_samples)"
+        )
     samples = quantise(samples, dataset.levels)
     with _stages(7 if source is not None else 6, progress) as stage:
         stage("classifier")

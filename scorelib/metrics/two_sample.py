@@ -33,7 +33,7 @@ def default_classifier(seed: int = 0):
     gets 0.66 against the Bayes accuracy 0.69. A random forest was as fast but less
     sensitive on the digits (0.77 against 0.83 for the same samples); the multilayer
     perceptron of the simulation-based-inference C2ST (two hidden layers of ``10 d``
-    units) took minutes per test on these cores.
+    units, early stopping) had not finished these four tests after 4 minutes.
     """
     from sklearn.ensemble import HistGradientBoostingClassifier
 

@@ -35,3 +35,9 @@ def test_gaussian_samples_and_a_gaussian_model():
     table = format_image_table(r, "digits")
     for row in ("(floor)", "(baseline)", "bits/dim of the 96 test images", "uniform over the 17"):
         assert row in table
+
+
+def test_too_few_samples_are_refused_before_compute():
+    d = load_digits()
+    with pytest.raises(ValueError, match=r"at least 10 samples .* \(sampler.num_samples\)"):
+        evaluate_images(d.train[:9], d, "digits")
