@@ -5,9 +5,12 @@ with the same ``sampler``/``step``/``use_ema`` arguments (by default the run's o
 its latest checkpoint, EMA parameters: what ``experiments.train`` drew at its end). If
 they are not there, the command says which directory it looked in.
 
-Images (digits, MNIST subset): FD in classifier features against the test split, beside
-its floor (as many training images) and a Gaussian-fit baseline, and the memorisation
-statistic beside that of the test images. 2-D data and targets: energy distance and
+Images (digits, MNIST subset), after clipping and quantising the samples to the data's
+grey levels: FD in classifier features, the classifier two-sample test and precision/recall
+(pixels and classifier features) against the test split, each beside its floor (training
+images, same sizes) and a Gaussian-fit baseline; bits/dim of the test images under the
+run's model (when the run has a checkpoint); the memorisation statistics beside those of
+the test images. 2-D data and targets: energy distance and
 sliced W2 to fresh target samples, beside those of the prior. Writes ``eval.json`` and
 ``eval.md`` beside the samples and prints the table.
 """
