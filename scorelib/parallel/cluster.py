@@ -246,14 +246,14 @@ def check_accelerator(gpus_per_node: int, *, allow_cpu: bool, environ=None) -> s
       JAX's backend name (``'cpu'``, ``'gpu'``, ``'tpu'``).
 
     Raises:
-      RuntimeError: GPUs were asked for, JAX sees only a CPU, and ``allow_cpu`` is false;
-        the message says how to install a CUDA build of JAX.
+      ValueError: GPUs were asked for, JAX sees only a CPU, and ``allow_cpu`` is false;
+        the message names the config fields and says how to install a CUDA build of JAX.
     """
     check_int(gpus_per_node, "cluster.gpus_per_node", low=0)
     backend = jax.default_backend()
     want = max(int(gpus_per_node), requested_gpus(environ))
     if want > 0 and backend == "cpu" and not allow_cpu:
-        raise RuntimeError(
+        raise ValueError(
             f"{want} GPU(s) per node were asked for (cluster.gpus_per_node={gpus_per_node}, "
             f"Slurm: {requested_gpus(environ)}) but JAX sees only the CPU: install a CUDA "
             "build of JAX on the cluster (pip install -e '.[cuda]', see README), or set "

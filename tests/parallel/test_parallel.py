@@ -157,9 +157,9 @@ def test_mesh_axis_is_auto_and_batch_size_must_divide():
 
 
 def test_gpus_asked_but_cpu_backend_stops_unless_allowed():
-    with pytest.raises(RuntimeError, match=r"cluster.gpus_per_node=1.*cluster.allow_cpu=true"):
+    with pytest.raises(ValueError, match=r"cluster.gpus_per_node=1.*cluster.allow_cpu=true"):
         parallel.check_accelerator(1, allow_cpu=False, environ={})
-    with pytest.raises(RuntimeError, match=r"Slurm: 2"):
+    with pytest.raises(ValueError, match=r"Slurm: 2"):
         parallel.check_accelerator(0, allow_cpu=False, environ={"SLURM_JOB_GPUS": "0,1"})
     assert parallel.check_accelerator(1, allow_cpu=True, environ={}) == "cpu"
     assert parallel.check_accelerator(0, allow_cpu=False, environ={}) == "cpu"
