@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import ROOT, RUN, SMALL, losses, samples, train_locally
+from slurm_helpers import ROOT, RUN, SMALL, losses, samples, train_locally
 
 pytestmark = pytest.mark.slow
 
