@@ -181,8 +181,8 @@ def start_devices(cfg: DictConfig):
     accelerator check. Call before any JAX computation.
 
     Raises:
-      ValueError: a bad ``cluster.*`` field; RuntimeError: a missing process or device,
-        or GPUs asked for and a CPU-only JAX (unless ``cluster.allow_cpu``).
+      ValueError: a bad ``cluster.*`` field, or GPUs asked for and a CPU-only JAX (unless
+        ``cluster.allow_cpu``); RuntimeError: a missing process or device.
     """
     cc = cfg.get("cluster") or {}
     settings = parallel.process_settings(
