@@ -1,4 +1,11 @@
-"""Helpers of the Slurm tests: the local Slurm's commands, the reference run, outputs."""
+"""Helpers of the Slurm tests: a real single-node Slurm with accounting for the session
+(``slurm/local/up.sh``; :func:`start_local_slurm`), its commands, the reference run, outputs.
+
+The fixture skips, with the reason, where Slurm cannot run: not root (the daemons need
+it), or the Slurm packages are not installed (``.ci/run`` installs them: ``apt-get install
+slurm-wlm slurmdbd munge mariadb-server``). (Not a ``conftest.py``: test directories that
+import helpers from their own ``conftest`` would see this one when both are collected.)
+"""
 
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BINARIES = ("slurmctld", "slurmd", "slurmdbd", "sbatch", "sacct", "munged", "mariadbd")
@@ -119,6 +127,32 @@ class Slurm:
                 return rows
             time.sleep(0.2)
         return rows
+
+
+def start_local_slurm(tmp_path_factory):
+    """Generator of the ``slurm`` fixture: bring up the local Slurm, yield :class:`Slurm`,
+    tear it down (skips with the reason where it cannot run)."""
+    reason = _unavailable()
+    if reason:
+        pytest.skip(reason)
+    state = tmp_path_factory.mktemp("slurm") / "state"
+    env = {**os.environ, "SLURM_LOCAL_PORT": str(_free_port_block())}
+    up = subprocess.run(
+        [str(ROOT / "slurm" / "local" / "up.sh"), str(state)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    try:
+        if up.returncode != 0:
+            logs = "\n".join(p.read_text()[-1500:] for p in sorted((state / "log").glob("*.log")))
+            pytest.fail(f"slurm/local/up.sh failed:\n{up.stdout}\n{up.stderr}\n{logs}")
+        yield Slurm(state, tmp_path_factory.mktemp("jax_cache"))
+    finally:
+        subprocess.run(
+            [str(ROOT / "slurm" / "local" / "down.sh"), str(state)], timeout=120, check=False
+        )
 
 
 def train_locally(cwd: Path, *overrides: str, env: dict) -> subprocess.CompletedProcess:

@@ -19,9 +19,16 @@ import time
 
 import numpy as np
 import pytest
-from slurm_helpers import ROOT, RUN, SMALL, losses, samples, train_locally
+from slurm_helpers import ROOT, RUN, SMALL, losses, samples, start_local_slurm, train_locally
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """The local Slurm (skips with the reason where it cannot run)."""
+    yield from start_local_slurm(tmp_path_factory)
+
 
 SBATCH = ROOT / "slurm" / "train.sbatch"
 JOB = ["--cpus-per-task=1", "--mem=1G", "--time=10"]
