@@ -303,10 +303,9 @@ def requeue_after_stop(signum: int, environ: Mapping[str, str] | None = None) ->
       or no Slurm job: nothing.
 
     Returns:
-      A line for the user (``'requeued Slurm job 12'``), or ``None`` when nothing was done.
-
-    Raises:
-      RuntimeError: ``scontrol requeue`` failed (its stderr included).
+      A line for the user (``'requeued Slurm job 12'``, or, when ``scontrol requeue``
+      fails, e.g. for an interactive job, ``'could not requeue Slurm job 12 (...)'``: the
+      step is saved either way), or ``None`` when nothing was done.
     """
     env = _env(environ)
     job = slurm_job_id(env)
@@ -323,7 +322,12 @@ def requeue_after_stop(signum: int, environ: Mapping[str, str] | None = None) ->
     proc = subprocess.run(
         ["scontrol", "requeue", job], capture_output=True, text=True, timeout=60, check=False
     )
-    if proc.returncode != 0:
-        raise RuntimeError(f"scontrol requeue {job} failed: {proc.stderr.strip()}")
+    if proc.returncode != 0:  # e.g. an interactive job: the step is saved all the same
+        message = (
+            f"could not requeue Slurm job {job} (scontrol requeue: {proc.stderr.strip()}); "
+            "resubmit the same command to resume"
+        )
+        log.warning(message)
+        return message
     log.warning("requeued Slurm job %s", job)
     return f"requeued Slurm job {job}"
