@@ -4,7 +4,8 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: install test test-fast demo bench lint clean
+.PHONY: install install-cuda test test-fast test-slurm slurm-up slurm-down demo bench \
+	bench-scaling lint clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -16,11 +17,30 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# The CUDA build of jaxlib, for GPU nodes: run it on a login node (slurm/train.sbatch does
+# not install anything on compute nodes).
+install-cuda: $(STAMP)
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,cuda]'
+
 test: $(STAMP)
 	$(BIN)/python -m pytest -q --durations=15 tests
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" tests
+
+# The tests of the Slurm path on a real single-node Slurm (root; they skip with the reason
+# where Slurm is not installed: apt-get install slurm-wlm slurmdbd munge mariadb-server).
+test-slurm: $(STAMP)
+	$(BIN)/python -m pytest -q tests/slurm tests/parallel
+
+# A single-node Slurm with accounting on this machine (root), in $(SLURM_DIR):
+#   make slurm-up; export SLURM_CONF=$(SLURM_DIR)/slurm.conf; ...; make slurm-down
+SLURM_DIR ?= /tmp/scorelib-slurm
+slurm-up:
+	slurm/local/up.sh $(SLURM_DIR)
+
+slurm-down:
+	slurm/local/down.sh $(SLURM_DIR)
 
 # The main job: EDM on the real 8x8 digits (train, sample with Heun-18), then the tables of
 # FD, two-sample test, precision/recall, bits/dim and memorisation, each beside its floor and
@@ -31,6 +51,9 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/samplers.py
+
+bench-scaling: $(STAMP)
+	$(BIN)/python benchmarks/scaling.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

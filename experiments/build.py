@@ -28,7 +28,7 @@ from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from experiments import schema
-from scorelib import training
+from scorelib import parallel, training
 from scorelib._checks import check_choice, check_int, check_real
 from scorelib.data import get_batch, load_digits, load_mnist_subset, load_npz, toy_batch
 from scorelib.data.images import ImageDataset
@@ -63,14 +63,18 @@ class Data:
     images: ImageDataset | None  # None for toy streams and targets
     target: Any = None  # a scorelib.data.targets target for name=target
 
-    def batch_fn(self, batch_size: int, seed: int):
-        """A pure jnp function ``step -> [batch_size, *data_shape]`` usable inside jit."""
+    def batch_fn(self, batch_size: int, seed: int, mesh=None):
+        """A pure jnp function ``step -> [batch_size, *data_shape]`` usable inside jit
+        (the global batch; with a ``mesh`` the training images are replicated on it)."""
         if self.target is not None:
             return functools.partial(_target_batch, self.target, batch_size, seed)
         if self.images is None:
             toy = self.name.split(":", 1)[1]
             return functools.partial(_toy_batch, toy, batch_size, seed)
-        train = jax.device_put(self.images.train)
+        if mesh is None:
+            train = jax.device_put(self.images.train)
+        else:
+            train = parallel.shard(self.images.train, mesh)
         return functools.partial(_image_batch, train, batch_size, seed)
 
     def reference(self, n: int, seed: int = 12345) -> np.ndarray:
@@ -372,10 +376,17 @@ def check_trainer(tc: DictConfig) -> None:
         check_real(tc.ema_rampup_ratio, "trainer.ema_rampup_ratio", low=0.0, low_open=True)
 
 
-def setup(cfg: DictConfig) -> Run:
-    """Build every object of the run; every config error surfaces here, before compiling."""
+def setup(cfg: DictConfig, mesh=None) -> Run:
+    """Build every object of the run; every config error surfaces here, before compiling.
+
+    With a ``mesh`` (``scorelib.parallel.make_mesh``) the train step is data-parallel:
+    ``trainer.batch_size`` is the global batch (a multiple of the device count), split
+    along the mesh's ``data`` axis; the state is replicated on every device.
+    """
     tc = cfg.trainer
     check_trainer(tc)
+    if mesh is not None:
+        parallel.check_batch_size(tc.batch_size, mesh)
     check_real(cfg.data.sigma_data, "data.sigma_data", low=0.0, low_open=True, high_open=True)
     process = build_process(cfg)
     objective = build_objective(cfg, process)
@@ -392,6 +403,8 @@ def setup(cfg: DictConfig) -> Run:
     )
     ema = make_ema(tc)
     graphdef, state = training.init_state(model, optimizer, tc.seed)
+    if mesh is not None:
+        state = parallel.shard(state, mesh)
     dropout = float(cfg.model.get("dropout") or 0.0) > 0
     make_source = training.network_source(process, graphdef, cfg.data.sigma_data, dropout=dropout)
     step_fn = training.make_train_step(
@@ -399,8 +412,9 @@ def setup(cfg: DictConfig) -> Run:
         make_source,
         optimizer,
         ema,
-        data.batch_fn(tc.batch_size, tc.seed),
+        data.batch_fn(tc.batch_size, tc.seed, mesh),
         lr_schedule=training.warmup_schedule(cfg.optim.lr, cfg.optim.warmup_steps),
+        batch_sharding=None if mesh is None else parallel.batch_sharding(mesh),
     )
     run = Run(cfg, process, data, graphdef, state, step_fn, sampling, optimizer)
     check_sampler(sampling, run.source(state.params), data.data_shape)

@@ -298,6 +298,34 @@ TRAINER_NOT_IDENTITY = ("steps", "log_every", "ckpt_every", "keep_last", "keep_e
 
 
 @dataclass
+class ClusterConfig:
+    """Where a run executes (``configs/cluster/``): the Slurm resources the submitit launcher
+    asks for (``hydra/launcher=slurm`` reads them), the accelerator check and explicit
+    multi-process settings. Not part of a run's identity: the same run may move between a
+    laptop and a cluster, and resumes there."""
+
+    partition: str | None = None
+    account: str | None = None
+    nodes: int = 1
+    tasks_per_node: int = 1  # one JAX process per task (per node, or per GPU)
+    gpus_per_node: int = 0  # > 0: a CPU-only JAX stops the run (unless allow_cpu)
+    cpus_per_task: int = 2
+    mem_gb: int = 8
+    time_min: int = 60
+    signal_delay_s: int = 90  # submitit's time-limit signal (USR2) this long before the end
+    max_num_timeout: int = 3  # requeues after a time limit (submitit)
+    allow_cpu: bool = False  # train on the CPU although GPUs were asked for
+    # explicit jax.distributed settings (all three, or none: srun steps are detected)
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+
+
+#: ``cluster`` fields; none of them is part of a run's identity.
+CLUSTER_FIELDS = tuple(ClusterConfig.__dataclass_fields__)
+
+
+@dataclass
 class TrainConfig:
     """The primary config of ``experiments.train`` (composed in ``configs/train.yaml``)."""
 
@@ -309,6 +337,7 @@ class TrainConfig:
     data: Any = MISSING
     optim: OptimConfig = MISSING
     trainer: TrainerConfig = MISSING
+    cluster: ClusterConfig = MISSING
     # initialise the parameters from another run: `<run_dir>` or `<run_dir>@<step>`
     init_from: str | None = None
 
@@ -357,6 +386,7 @@ def group_schemas() -> dict[tuple[str, str], type]:
         ("data", "target"): TargetDataConfig,
         ("optim", "optim"): OptimConfig,
         ("trainer", "trainer"): TrainerConfig,
+        ("cluster", "cluster"): ClusterConfig,
     }
     for name in SAMPLERS:
         out[("sampler", name)] = sampler_schema(name)

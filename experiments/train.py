@@ -29,7 +29,7 @@ from experiments.common import clean_errors, hydra_app, write_run_info
 from experiments.outputs import saved_steps
 from experiments.sample import sample_and_save
 from experiments.schema import GRID_FIELDS, TRAINER_NOT_IDENTITY, register_configs
-from scorelib import training
+from scorelib import parallel, training
 
 register_configs()
 
@@ -51,10 +51,10 @@ def _flatten(tree, prefix: str = "") -> dict:
 
 def identity(cfg: DictConfig) -> dict:
     """``{field: value}`` of everything that defines the trained model: the resolved config
-    without the sampler, the preset's name and the trainer fields that do not change the
-    model (``schema.TRAINER_NOT_IDENTITY``)."""
+    without the sampler, the cluster, the preset's name and the trainer fields that do not
+    change the model (``schema.TRAINER_NOT_IDENTITY``)."""
     tree = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
-    tree = {k: v for k, v in tree.items() if k not in ("sampler", "name")}
+    tree = {k: v for k, v in tree.items() if k not in ("sampler", "name", "cluster")}
     tree["trainer"] = {
         k: v for k, v in tree.get("trainer", {}).items() if k not in TRAINER_NOT_IDENTITY
     }
@@ -168,6 +168,34 @@ def exclusive(run_dir: Path):
         yield
 
 
+# --------------------------------------------------------------------------- devices
+
+
+def start_devices(cfg: DictConfig):
+    """Join the run's processes and check its devices; the data-parallel mesh, or ``None``
+    on a single device (the single-device path, unchanged).
+
+    Reads ``cfg.cluster`` (absent: one process, no GPU required): explicit
+    ``coordinator_address``/``num_processes``/``process_id``, else the ``srun`` step
+    (``scorelib.parallel.process_settings``); ``gpus_per_node`` and ``allow_cpu`` for the
+    accelerator check. Call before any JAX computation.
+
+    Raises:
+      ValueError: a bad ``cluster.*`` field, or GPUs asked for and a CPU-only JAX (unless
+        ``cluster.allow_cpu``); RuntimeError: a missing process or device.
+    """
+    cc = cfg.get("cluster") or {}
+    settings = parallel.process_settings(
+        coordinator_address=cc.get("coordinator_address"),
+        num_processes=cc.get("num_processes"),
+        process_id=cc.get("process_id"),
+    )
+    parallel.initialize(settings)
+    parallel.check_devices(settings)
+    parallel.check_accelerator(cc.get("gpus_per_node", 0), allow_cpu=cc.get("allow_cpu", False))
+    return parallel.make_mesh() if jax.device_count() > 1 else None
+
+
 # --------------------------------------------------------------------------- the app
 
 
@@ -193,18 +221,28 @@ def train_in(
 
     Raises:
       ValueError, FileNotFoundError: naming the config field, before anything is written;
-      scorelib.training.Interrupted: a signal stopped training after saving a step.
+      scorelib.training.Interrupted: a signal stopped training after saving a step (after
+        a time-limit signal in a Slurm job, the job is requeued first).
+
+    Several processes (``srun`` tasks, or explicit ``cluster.*`` settings) all run this;
+    process 0 alone writes ``run_info.json``, ``config.yaml``, the logs and holds the lock,
+    and all of them save the checkpoints together.
     """
     jax.config.update("jax_default_matmul_precision", "highest")
-    run = setup(cfg)
+    mesh = start_devices(cfg)
+    run = setup(cfg, mesh)
     check_same_run(run_dir, cfg)
     check_resume(run, run_dir)
     saved = saved_steps(run_dir)
     state = run.state if saved else initial_state(run, cfg.get("init_from"))
-    if saved and saved[-1] < cfg.trainer.steps:
+    if mesh is not None:
+        state = parallel.shard(state, mesh)
+    lead = jax.process_index() == 0
+    if lead and saved and saved[-1] < cfg.trainer.steps:
         print(f"resuming {run_dir} from step {saved[-1]} of {cfg.trainer.steps}", flush=True)
-    with exclusive(run_dir):
-        write_run_info(run_dir, used_config(cfg), seed=cfg.trainer.seed, extra=extra)
+    with exclusive(run_dir) if lead else contextlib.nullcontext():
+        if lead:
+            write_run_info(run_dir, used_config(cfg), seed=cfg.trainer.seed, extra=extra)
         ckpt = checkpointer(run, run_dir)
         try:
             state = training.train(
@@ -212,14 +250,20 @@ def train_in(
                 run.step_fn,
                 num_steps=cfg.trainer.steps,
                 ckpt=ckpt,
-                log_dir=str(run_dir),
+                log_dir=str(run_dir) if lead else None,
                 log_every=cfg.trainer.log_every,
                 nonfinite=cfg.trainer.nonfinite,
                 desc=cfg.name,
-                progress=progress,
+                progress=progress and lead,
                 handle_signals=handle_signals,
                 tensorboard=tensorboard,
+                stop_signals=training.STOP_SIGNALS + parallel.preempt_signals(),
             )
+        except training.Interrupted as e:
+            requeued = parallel.requeue_after_stop(e.signum)
+            if requeued:
+                print(requeued, file=sys.stderr, flush=True)
+            raise
         finally:
             ckpt.close()
     return run, state
@@ -229,7 +273,10 @@ def train_in(
 def run_training(cfg: DictConfig) -> Path:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     run, state = train_in(run_dir, cfg)
-    out = sample_and_save(run, state.ema_params, run_dir, step=int(state.step))
+    if jax.process_index() != 0:  # samples are drawn by process 0 alone
+        return run_dir
+    ema = state.ema_params if jax.device_count() == 1 else parallel.to_host(state.ema_params)
+    out = sample_and_save(run, ema, run_dir, step=int(parallel.to_host(state.step)))
     print(f"run directory: {run_dir}\nsamples: {out}")
     return run_dir
 

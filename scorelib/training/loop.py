@@ -7,12 +7,14 @@ steps, before a checkpoint, and on a signal. With several devices in one process
 all-reduce.
 
 Signals. While :func:`train` runs (and only then: the previous handlers are put back
-when it returns or raises) SIGINT (Ctrl-C), SIGTERM and SIGUSR1 make the loop finish
-the current step, save a checkpoint of it, wait until the checkpoint is on disk and
-raise :class:`Interrupted`, a ``SystemExit`` whose status is ``128 + signal number``:
-130 for SIGINT, 143 for SIGTERM, 138 for SIGUSR1 (on Linux), the statuses a shell
-reports for a process killed by that signal, so a scheduler never takes the run for a
-finished one. Running the same command again resumes from the saved step, bit for bit.
+when it returns or raises) SIGINT (Ctrl-C), SIGTERM and SIGUSR1 (and any other
+``stop_signals``) make the loop finish the current step, save a checkpoint of it, wait
+until the checkpoint is on disk and raise :class:`Interrupted`, a ``SystemExit`` whose
+status is ``128 + signal number``: 130 for SIGINT, 143 for SIGTERM, 138 for SIGUSR1 (on
+Linux), the statuses a shell reports for a process killed by that signal, so a scheduler
+never takes the run for a finished one. Running the same command again resumes from the
+saved step, bit for bit (in a Slurm job, ``scorelib.parallel.requeue_after_stop`` then
+requeues the job).
 A second Ctrl-C *before* the step ends raises ``KeyboardInterrupt`` at once (nothing new
 is saved; the checkpoints already on disk are untouched); Ctrl-C *during* the save is
 ignored, so the save completes. Orbax writes every checkpoint into a temporary directory
@@ -80,17 +82,18 @@ class Interrupted(SystemExit):
 
 
 class _StopSignals:
-    """While active (main thread only), record SIGINT/SIGTERM/SIGUSR1 instead of dying."""
+    """While active (main thread only), record the stop signals instead of dying."""
 
-    def __init__(self, enabled: bool):
+    def __init__(self, enabled: bool, signals=STOP_SIGNALS):
         self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        self.signals = tuple(dict.fromkeys(signals))
         self.signum: int | None = None
         self.saving = False
         self._old: dict[int, object] = {}
 
     def __enter__(self):
         if self.enabled:
-            for s in STOP_SIGNALS:
+            for s in self.signals:
                 self._old[s] = signal.signal(s, self._handle)
         return self
 
@@ -104,6 +107,21 @@ class _StopSignals:
         for s, old in self._old.items():
             signal.signal(s, old)
         self._old = {}
+
+
+#: Steps dispatched without a host sync when a process drives several devices: more than
+#: about 30 unsynced collective steps can deadlock XLA:CPU's all-reduce.
+MAX_UNSYNCED_MULTI_DEVICE = 10
+
+
+def _agreed_signal(signum: int | None) -> int | None:
+    """The signal of the lowest-numbered process that received one (a collective: every
+    process calls it at the same step), or ``None``."""
+    from jax.experimental import multihost_utils
+
+    got = np.asarray(multihost_utils.process_allgather(np.int32(signum or 0)))
+    got = got[got > 0]
+    return int(got[0]) if got.size else None
 
 
 def _mean_metrics(pending: list[dict]) -> dict[str, float]:
@@ -127,6 +145,8 @@ def train(
     handle_signals: bool = True,
     tensorboard: bool = True,
     desc: str = "train",
+    stop_signals: tuple[int, ...] = STOP_SIGNALS,
+    sync_every: int | None = None,
 ) -> TrainState:
     """Run ``step_fn`` until ``state.step == num_steps``, resuming from ``ckpt`` if it has one.
 
@@ -153,6 +173,18 @@ def train(
         and raise :class:`Interrupted` (see the module docstring). The handlers are
         installed only while ``train`` runs, and only in the main thread.
       tensorboard: also write TensorBoard events under ``log_dir/tb``.
+      desc: the progress bar's label.
+      stop_signals: the signals that stop the loop at a step boundary with a checkpoint
+        (default :data:`STOP_SIGNALS`; add e.g. submitit's SIGUSR2 from
+        ``scorelib.parallel.preempt_signals()``). The exit status is always
+        ``128 + signum``.
+      sync_every: wait for the device every this many steps (>= 1). ``None``: every
+        :data:`MAX_UNSYNCED_MULTI_DEVICE` steps when this process drives several devices
+        (more unsynced collective steps can deadlock XLA:CPU), else only at log steps.
+
+    Several processes (``jax.distributed``): every process runs this loop with the same
+    arguments; a signal seen by any process stops all of them at the next log step
+    (they agree there, by an all-gather, so that they save the same step).
 
     Returns:
       The final state (also saved to ``ckpt``; pending saves are waited for).
@@ -168,6 +200,10 @@ def train(
     check_int(num_steps, "trainer.num_steps", low=0)
     check_int(log_every, "trainer.log_every", low=1)
     check_choice(nonfinite, "trainer.nonfinite", NONFINITE_MODES)
+    if sync_every is None:
+        sync_every = MAX_UNSYNCED_MULTI_DEVICE if jax.local_device_count() > 1 else num_steps + 1
+    check_int(sync_every, "sync_every", low=1)
+    multi_process = jax.process_count() > 1
 
     if ckpt is not None:
         restored = ckpt.restore_latest(abstract_state(state))
@@ -191,14 +227,21 @@ def train(
                 raise FloatingPointError(f"non-finite loss at step {bad}")
 
     try:
-        with _StopSignals(handle_signals) as signals:
+        with _StopSignals(handle_signals, stop_signals) as signals:
             for i in range(start, num_steps):
                 state, metrics = step_fn(state)
                 pending.append(metrics)
                 s = i + 1
                 last = s == num_steps
-                stop = signals.signum is not None
                 do_log = s % log_every == 0 or last
+                if multi_process:  # the processes agree on a stop at log steps only
+                    if do_log:
+                        signals.signum = _agreed_signal(signals.signum)
+                    stop = do_log and signals.signum is not None
+                else:
+                    stop = signals.signum is not None
+                if not do_log and s % sync_every == 0:
+                    jax.block_until_ready(metrics["loss"])
                 do_save = ckpt is not None and (ckpt.should_save(s) or last or stop)
                 if do_log:
                     check_finite()
@@ -232,6 +275,8 @@ def train(
             signals.saving = True
             if ckpt is not None:
                 ckpt.wait()
+            if multi_process:
+                signals.signum = _agreed_signal(signals.signum)
             if signals.signum is not None:  # arrived during the final save: the run is done
                 saved = num_steps if ckpt is not None else None
                 raise Interrupted(signals.signum, saved, at_step=num_steps)

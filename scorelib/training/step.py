@@ -68,6 +68,7 @@ def make_train_step(
     *,
     lr_schedule: Callable | None = None,
     jit: bool = True,
+    batch_sharding: jax.sharding.Sharding | None = None,
 ) -> Callable[[TrainState], tuple[TrainState, dict]]:
     """Build ``step(state) -> (state, metrics)``, jit-compiled with the state donated.
 
@@ -82,6 +83,11 @@ def make_train_step(
       lr_schedule: optional ``count -> lr`` to report ``metrics['lr']`` at update count
         ``step - n_skipped``.
       jit: compile (with ``donate_argnums=0``); ``False`` for debugging.
+      batch_sharding: data parallelism: the sharding of ``x0`` (e.g.
+        ``scorelib.parallel.batch_sharding(mesh)``, split along the batch axis); each
+        device then computes the loss of its part of the batch and the gradients are
+        all-reduced. Place the state with ``scorelib.parallel.shard`` (replicated). The
+        per-example keys make the result that of one device up to float rounding.
 
     Returns:
       ``step``; after ``state, m = step(state)`` the old ``state`` must not be used
@@ -93,6 +99,8 @@ def make_train_step(
         i = state.step
         k_loss, k_drop = jax.random.split(jax.random.fold_in(state.rng, i))
         x0 = batch_fn(i)
+        if batch_sharding is not None:
+            x0 = jax.lax.with_sharding_constraint(x0, batch_sharding)
 
         def loss_fn(params):
             return objective(make_source(params, k_drop), x0, k_loss)

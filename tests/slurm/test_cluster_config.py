@@ -1,0 +1,83 @@
+"""The cluster/ group and the Slurm launcher config, without a Slurm: the launcher takes its
+resources from cluster/, no cluster field is part of a run's name, a sweep's job writes
+where the same single run writes, and the README's CIFAR-10 recipe points the table at the
+directory its training command writes."""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+import pytest
+from hydra import compose, initialize_config_dir
+from slurm_helpers import ROOT
+
+from experiments import schema
+from experiments.train import identity
+
+
+def _compose(overrides, name="train", hydra=True):
+    schema.register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose(name, overrides=overrides, return_hydra_config=hydra)
+
+
+def _run_dir(cfg) -> str:
+    return f"{cfg.hydra.sweep.dir}/{cfg.hydra.job.override_dirname}"
+
+
+@pytest.mark.parametrize("option", ["local", "cpu", "gpu"])
+def test_launcher_takes_its_resources_from_the_cluster_group(option):
+    cfg = _compose(["hydra/launcher=slurm", f"cluster={option}", "cluster.mem_gb=3"])
+    launcher, cluster = cfg.hydra.launcher, cfg.cluster
+    assert launcher.mem_gb == 3
+    for field, key in [
+        ("timeout_min", "time_min"),
+        ("nodes", "nodes"),
+        ("tasks_per_node", "tasks_per_node"),
+        ("gpus_per_node", "gpus_per_node"),
+        ("cpus_per_task", "cpus_per_task"),
+        ("partition", "partition"),
+        ("account", "account"),
+        ("signal_delay_s", "signal_delay_s"),
+        ("max_num_timeout", "max_num_timeout"),
+    ]:
+        assert launcher[field] == cluster[key], field
+    assert (cluster.gpus_per_node > 0) == (option == "gpu")
+
+
+def test_reproduce_gets_the_launcher_defaults_without_a_cluster_node():
+    cfg = _compose(["hydra/launcher=slurm", "table=gaussian_teleport"], name="reproduce")
+    assert (cfg.hydra.launcher.gpus_per_node, cfg.hydra.launcher.timeout_min) == (1, 1440)
+
+
+def test_no_cluster_field_names_or_identifies_a_run():
+    fields = [f"cluster.{f}" for f in schema.CLUSTER_FIELDS]
+    plain = _compose(["experiment=toy_dsm", "trainer.seed=1"])
+    moved = _compose(
+        ["experiment=toy_dsm", "trainer.seed=1", "hydra/launcher=slurm", "cluster=gpu"]
+        + [f"{f}=1" for f in fields if f.endswith(("nodes", "_per_node", "num_processes"))]
+    )
+    assert _run_dir(plain) == _run_dir(moved) == "outputs/toy_dsm/trainer.seed-1"
+    plain, moved = (_compose(c.hydra.overrides.task, hydra=False) for c in (plain, moved))
+    assert identity(plain) == identity(moved)
+    assert not any(k.startswith("cluster") for k in identity(moved))
+
+
+def test_bad_cluster_field_is_refused_at_start_up():
+    with pytest.raises(Exception, match="gpus_per_node"):
+        _compose(["cluster.gpus_per_node=two"])
+
+
+def test_readme_cifar_recipe_points_the_table_at_the_trained_run():
+    text = (ROOT / "README.md").read_text()
+    block = re.search(
+        r"python -m experiments\.train -m (hydra/launcher=slurm cluster=gpu [^#]*?"
+        r"name=cifar10_edm[^#]*?)\n# the run directory",
+        text,
+    )
+    assert block, "the CIFAR-10 recipe is not where this test expects it"
+    overrides = shlex.split(block[1].replace("\\\n", " "))
+    (shown,) = re.findall(r"RUN='(outputs/cifar10_edm/[^']+)'", text)
+    assert _run_dir(_compose(overrides)) == shown
+    assert '"table.checkpoint=$RUN"' in text
