@@ -17,7 +17,9 @@ import platform
 import shutil
 import subprocess
 import sys
+import time
 import typing
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -240,6 +242,7 @@ def hydra_app(config_name: str):
             traceback = traceback or bool(os.environ.get("HYDRA_FULL_ERROR"))
             saved = os.environ.get("HYDRA_FULL_ERROR")
             os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises; we report
+            started = _COMMAND_STARTED.set(time.time())
             try:
                 hydra_main()
             except (HydraException, OmegaConfBaseException) as e:
@@ -256,6 +259,7 @@ def hydra_app(config_name: str):
                 print("interrupted; rerun the same command to resume", file=sys.stderr)
                 sys.exit(INTERRUPTED)
             finally:
+                _COMMAND_STARTED.reset(started)
                 if saved is None:
                     os.environ.pop("HYDRA_FULL_ERROR", None)
                 else:
@@ -269,11 +273,23 @@ def hydra_app(config_name: str):
 # --------------------------------------------------------------------------- clean-up
 
 
-def discard_unused_output_dir(output_dir: Path, top: Path) -> None:
+# When the running command started (set by :func:`hydra_app` before Hydra makes its output
+# directory): a failed command removes only an output directory made after it started.
+_COMMAND_STARTED: ContextVar[float | None] = ContextVar("command_started", default=None)
+
+
+def discard_unused_output_dir(output_dir: Path, top: Path, started: float | None = None) -> None:
     """Remove ``output_dir`` if it holds only what Hydra wrote there (``.hydra/``, ``*.log``),
     then its parents up to and including ``top`` while they are empty: a command that
-    failed on its config leaves no directory behind."""
+    failed on its config leaves no directory behind.
+
+    A directory that existed before the command (``started``, a ``time.time()``; the
+    directory's ctime is older: no entry was added since) is kept: it holds the logs of
+    earlier commands (``<run>/eval_logs`` is shared by every ``evaluate`` of a run)."""
     if not output_dir.is_dir():
+        return
+    # File-system clocks are coarse (a jiffy, up to 10 ms behind time.time()).
+    if started is not None and output_dir.stat().st_ctime < started - 0.02:
         return
     if any(p.name != ".hydra" and p.suffix != ".log" for p in output_dir.iterdir()):
         return
@@ -341,7 +357,7 @@ def clean_errors(fn):
             print(f"error: {line}", file=sys.stderr)
             where = _output_top(cfg)
             if where is not None:
-                discard_unused_output_dir(*where)
+                discard_unused_output_dir(*where, _COMMAND_STARTED.get())
             sys.exit(USAGE_ERROR)
 
     return wrapper

@@ -1,84 +1,10 @@
-"""Helpers of the entry-point tests: the real command line, in a subprocess or in-process,
-and one trained toy run shared by every test of the session."""
+"""Fixtures of the entry-point tests (helpers live in entry_helpers.py): one trained toy run
+shared by every test of the session."""
 
-from __future__ import annotations
-
-import contextlib
-import importlib
-import io
-import os
-import shutil
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-# A short toy_dsm run (VP process, DSM, 8 Gaussians on a ring of radius 2; Euler-Maruyama).
-# Every override is outside the run's identity, so it trains into outputs/toy_dsm.
-TOY = [
-    "experiment=toy_dsm",
-    "trainer.steps=1500",
-    "trainer.log_every=50",
-    "trainer.ckpt_every=250",
-    "sampler.steps=100",
-    "sampler.num_samples=1000",
-    "sampler.batch_size=1000",
-]
-TOY_SAMPLES = "samples/step1500/euler_maruyama_100_n1000_seed0"
-
-
-@dataclass
-class Result:
-    code: int
-    stdout: str
-    stderr: str
-
-    @property
-    def err_lines(self) -> list[str]:
-        return [line for line in self.stderr.splitlines() if line.strip()]
-
-
-def run(module: str, *overrides: str, cwd: Path = ROOT, timeout: float = 600, check=True):
-    """``python -m experiments.<module> <overrides>`` in a subprocess (``cwd``: where
-    ``outputs/`` goes)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
-    env.pop("HYDRA_FULL_ERROR", None)
-    env.pop("SCORELIB_TRACEBACK", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", f"experiments.{module}", *overrides],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(
-            f"{module} {overrides} failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
-        )
-    return Result(proc.returncode, proc.stdout, proc.stderr)
-
-
-def run_inprocess(module: str, *overrides: str) -> Result:
-    """The same command through the module's ``main()`` in this process (no JAX start-up
-    per command): its exit status, stdout and stderr. Hydra's logging set-up is left out
-    (``hydra/job_logging=none``): it would replace the test runner's log handlers."""
-    main = importlib.import_module(f"experiments.{module}").main
-    out, err = io.StringIO(), io.StringIO()
-    argv, code = sys.argv, 0
-    quiet = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
-    sys.argv = [f"experiments.{module}", *overrides, *quiet]
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    finally:
-        sys.argv = argv
-    return Result(code, out.getvalue(), err.getvalue())
+from entry_helpers import TOY, run
 
 
 @pytest.fixture(scope="session")
@@ -93,9 +19,3 @@ def toy_home(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def toy_run(toy_home) -> Path:
     return toy_home / "outputs" / "toy_dsm"
-
-
-def copy_run(run_dir: Path, dest: Path) -> Path:
-    """A copy of a run directory (to continue or break it without touching the original)."""
-    shutil.copytree(run_dir, dest, ignore=shutil.ignore_patterns(".lock"))
-    return dest

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, TOY, TOY_SAMPLES, run
+from entry_helpers import ROOT, TOY, TOY_SAMPLES, run
 
 
 def final_state(run_dir: Path):

@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import run, run_inprocess
+from entry_helpers import run, run_inprocess
 
 T, S, E, R = "train", "sample", "evaluate", "reproduce"
 

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, copy_run
+from entry_helpers import ROOT, copy_run
 
 pytestmark = pytest.mark.slow
 

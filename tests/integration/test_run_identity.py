@@ -8,7 +8,7 @@ import re
 import shlex
 
 import pytest
-from conftest import ROOT, TOY, copy_run, run
+from entry_helpers import ROOT, TOY, copy_run, run
 from omegaconf import OmegaConf
 
 from experiments import schema

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import ROOT, TOY_SAMPLES, run
+from entry_helpers import ROOT, TOY_SAMPLES, run
 from omegaconf import OmegaConf
 
 pytestmark = pytest.mark.slow

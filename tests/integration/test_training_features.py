@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import ROOT, TOY, run
+from entry_helpers import ROOT, TOY, run
 
 pytestmark = pytest.mark.slow
 
