@@ -161,12 +161,30 @@ class EmpiricalScore(ScoreSource):
         )
 
     def _softmax_stats(self, x, t):
-        """Online softmax over the training set: ``(max logit [b], sum [b], weighted sum [b, d])``."""
+        """Online softmax over the training set: ``(max logit, sum, weighted sum)``."""
         check_time_shape(x, t)
         xf = flatten(x)
         y = xf / broadcast_to_data(self.process.alpha(t), xf)  # VE frame
         s = broadcast_to_data(self.process.ve_sigma(t), xf)  # scalar or [b, 1]
         return softmax_stats(self, y, 0.5 / s**2)
+
+    def posterior_mean(self, y, ve_sigma, keys=None):
+        """``sum_i softmax_i(-||y - x_i||^2 / (2 ve_sigma^2)) x_i`` in the VE frame.
+
+        The estimator interface shared with the nearest-neighbour estimator
+        (``scorelib/scores/neighbours.py``); ``keys`` is unused here (the sum is exact).
+
+        Args:
+          y: ``[b, d]`` flattened queries in the VE frame (data units).
+          ve_sigma: scalar or ``[b, 1]``, ``> 0``.
+          keys: ignored.
+
+        Returns:
+          ``[b, d]``.
+        """
+        del keys
+        _, l, acc = softmax_stats(self, y, 0.5 / ve_sigma**2)
+        return acc / l[:, None]
 
     def denoiser(self, x, t):
         """``sum_i softmax_i(-||x/alpha - x_i||^2 / (2 ve_sigma^2)) x_i``; shape of ``x``.
