@@ -25,8 +25,10 @@ Draws. The source holds one key per example of the batch it will be called on
 draws ``eps_m = normal(fold_in(fold_in(k_b, 0), m))``, the same at every step (``redraw =
 False``, the paper), or ``normal(fold_in(fold_in(fold_in(k_b, 0), bits(t_b)), m))``, new
 at every time (``redraw = True``, a different estimator: an unbiased estimate of
-``s_sigma`` at each step, as in the JAX port). A sample therefore depends on its key and
-global index only, never on its batch.
+``s_sigma`` at each step, as in the JAX port). The estimator's own draws (the uniform
+points of the nearest-neighbour estimator) use ``fold_in(key_bm, bits(t_b))`` with
+``key_bm`` the key of ``eps_m``: new at every time, as in the paper's algorithm. A sample
+therefore depends on its key and global index only, never on its batch.
 """
 
 from __future__ import annotations
@@ -135,5 +137,7 @@ class SmoothedScore(ScoreSource):
         s = broadcast_to_data(self.process.ve_sigma(t), xf)
         rep = lambda v: jnp.repeat(v, self.M, axis=0) if jnp.ndim(v) else v  # noqa: E731
         y = xp / rep(a)
-        mean = self.estimator.posterior_mean(y, rep(s), pk.reshape(-1))
+        # the estimator's own draws (the NN estimator's uniform points): new at every time
+        est_keys = jax.vmap(jax.random.fold_in)(pk.reshape(-1), time_bits(t, b).repeat(self.M))
+        mean = self.estimator.posterior_mean(y, rep(s), est_keys)
         return jnp.reshape(jnp.mean(mean.reshape(b, self.M, d), axis=1), x.shape)

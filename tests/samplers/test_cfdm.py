@@ -90,6 +90,7 @@ def test_samples_do_not_depend_on_their_batch():
     np.testing.assert_allclose(np.asarray(whole[5:]), np.asarray(part), atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["heun", "euler_maruyama"])
 def test_registered_samplers_run_on_a_smoothed_source(name):
     """sigma_s = 0: the same samples as the exact source; sigma_s > 0: finite, and the
