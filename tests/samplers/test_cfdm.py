@@ -122,3 +122,9 @@ def test_steps_and_bad_input():
     tab = EmpiricalScore.create(EDM(), TRAIN)
     with pytest.raises(ValueError, match="score.process"):
         cfdm_sample(tab, jax.random.key(0), 2)
+
+
+def test_a_training_set_of_another_shape_is_refused_before_compute():
+    src = smoothed(0.3, 2)
+    with pytest.raises(ValueError, match=r"shape\[1:\]"):
+        per_example(get_sampler("heun"))(src, jax.random.key(0), (4, 3), grid=edm_grid(4))
