@@ -68,14 +68,14 @@ class SmoothedScore(ScoreSource):
       estimator: the posterior-mean estimator (``EmpiricalScore`` or ``NeighbourScore``),
         with the same process.
       keys: ``[batch]`` per-example keys, or ``None`` until :meth:`for_examples`.
-      sigma_s: the smoothing scale (data units, process coordinates; static).
+      sigma_s: the smoothing scale (data units, process coordinates; a scalar leaf).
       M: Monte-Carlo draws per query (static).
       redraw: new draws at every time instead of one set per trajectory (static).
     """
 
     estimator: Any = None
     keys: Array = None
-    sigma_s: float = struct.field(pytree_node=False, default=0.0)
+    sigma_s: Array = 0.0  # a leaf: a sweep over sigma_s compiles once
     M: int = struct.field(pytree_node=False, default=1)
     redraw: bool = struct.field(pytree_node=False, default=False)
 
