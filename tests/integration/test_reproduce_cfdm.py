@@ -16,6 +16,8 @@ def test_cfdm_table_smoke(tmp_path):
         assert (tmp_path / f).is_file(), f
     rows = list(csv.DictReader((tmp_path / "cfdm_nn_vs_exact.csv").open()))
     assert [r["data"] for r in rows] == ["moons", "digits"]
+    obj = list(csv.DictReader((tmp_path / "cfdm_objective.csv").open()))
+    assert len(obj) == 3 and obj[2]["model"].startswith("sigma-CFDM")
     for row in rows:  # the NN estimator is within the noise floor of the exact sampler
         assert float(row["W2(NN, exact)"]) <= float(row["W2(exact, exact') floor"])
 
