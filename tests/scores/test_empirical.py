@@ -45,8 +45,10 @@ def mid_time(p):
     return {VE: 0.4, VP: 0.3, SubVP: 0.3, EDM: 0.8, RectifiedFlow: 0.4}[type(p)]
 
 
-@pytest.mark.parametrize("chunk,exact_top", [(1, 1), (5, 2)])
-@pytest.mark.parametrize("p", PROCESSES, ids=IDS)
+CASES = [(p, 5, 2) for p in PROCESSES] + [(RectifiedFlow(), 1, 1), (VP(), 64, 3)]
+
+
+@pytest.mark.parametrize("p,chunk,exact_top", CASES, ids=[*IDS, "rf-chunk1", "vp-chunk64"])
 def test_score_matches_float64_loop(p, chunk, exact_top):
     rng = np.random.default_rng(0)
     train = rng.normal(size=(37, 3))
