@@ -212,6 +212,10 @@ def resolve_sampler(cfg: DictConfig) -> DictConfig:
 @clean_errors
 def run_sampling(cfg: DictConfig) -> Path:
     jax.config.update("jax_default_matmul_precision", "highest")
+    if cfg.get("score") is not None:  # training-free (experiment=cfdm_*): no run, no checkpoint
+        from experiments.closed_form import run_training_free
+
+        return run_training_free(cfg)
     run, state = load_run(cfg.run_dir, resolve_sampler(cfg), cfg.step)
     params = state.ema_params if cfg.use_ema else state.params
     out = sample_and_save(run, params, Path(cfg.run_dir), step=int(state.step), use_ema=cfg.use_ema)

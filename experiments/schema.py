@@ -222,6 +222,45 @@ def run_sampler_schema() -> type:
     return dataclasses.make_dataclass("RunSamplerConfig", fields, bases=(RunSamplerConfig,))
 
 
+# --- training-free sources (closed-form diffusion) -------------------------------
+
+
+@dataclass
+class CFDMScoreConfig:
+    """``score=cfdm``: the smoothed closed-form score of the training set (no network;
+    ``experiments/closed_form.py`` builds it). ``n_train`` is for stream data (toys) only;
+    the faiss options only with ``backend=faiss`` (``scorelib.scores.neighbours``)."""
+
+    name: str = "cfdm"
+    sigma_s: float = 0.4  # smoothing scale (>= 0); 0: the exact, memorising score
+    M: int = 2  # smoothing draws per query (>= 1)
+    redraw: bool = False  # new draws at every step (false: fixed per trajectory, the paper)
+    estimator: str = "exact"  # exact | nn
+    k: int | None = None  # estimator=nn: neighbours (null: 15)
+    l: int | None = None  # estimator=nn: uniform draws (null: 15)
+    backend: str | None = None  # estimator=nn: jax | faiss (null: jax)
+    index: str | None = None  # backend=faiss: flat | ivf | hnsw
+    nlist: int | None = None
+    nprobe: int | None = None
+    hnsw_m: int | None = None
+    ef_search: int | None = None
+    chunk: int = 4096  # training points per streamed block
+    n_train: int | None = None  # data=toy: training points drawn (null: 1000)
+
+
+@dataclass
+class CFDMSamplerConfig:
+    """``sampler=cfdm``: Euler in rectified-flow time from an exact draw at ``T``
+    (``scorelib.samplers.cfdm``); only with a training-free ``score``."""
+
+    name: str = "cfdm"
+    T: float = 0.95  # start flow time in [0, 1)
+    S: int = 100  # steps per unit flow time (h = 1/S)
+    num_samples: int = 1000
+    batch_size: int = 256  # does not change the samples (per-example keys)
+    seed: int = 0
+
+
 # --- data ----------------------------------------------------------------------
 
 
@@ -350,6 +389,10 @@ class SampleConfig:
     step: int | None = None  # checkpoint step to sample from; None: the latest
     use_ema: bool = True
     sampler: Any = MISSING
+    # training-free sampling (experiment=cfdm_*): a closed-form score of `data`, no run
+    name: str | None = None
+    score: Any = None
+    data: Any = None
 
 
 @dataclass
@@ -390,6 +433,8 @@ def group_schemas() -> dict[tuple[str, str], type]:
     }
     for name in SAMPLERS:
         out[("sampler", name)] = sampler_schema(name)
+    out[("sampler", "cfdm")] = CFDMSamplerConfig
+    out[("score", "cfdm")] = CFDMScoreConfig
     return out
 
 

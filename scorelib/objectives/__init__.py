@@ -7,6 +7,7 @@ key)``; their weights live in :mod:`scorelib.objectives.weights`.
 from scorelib.objectives import weights
 from scorelib.objectives.base import Objective, example_draws, reduce_per_example
 from scorelib.objectives.dsm import DSM, EDMLoss
+from scorelib.objectives.smoothed import SmoothedScoreMatching
 from scorelib.objectives.tsm import (
     KAPPAS,
     TSM,
@@ -23,6 +24,7 @@ __all__ = [
     "EDMLoss",
     "TSM",
     "MixedScoreMatching",
+    "SmoothedScoreMatching",
     "KAPPAS",
     "kappa_schedule",
     "label_residuals",

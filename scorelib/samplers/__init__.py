@@ -25,13 +25,17 @@ Grids: ``make_grid(name, steps, process, **opts)`` with ``GRIDS`` (name -> optio
 defaults) refuses an option the grid does not use (``sampler.rho is not used by grid
 log_snr``). ``draw_samples`` draws any number of samples in batches (batch-size
 independent); ``teleport`` starts any sampler from ``grid[k]`` in closed form;
-``langevin_corrector`` runs the Langevin corrector alone.
+``langevin_corrector`` runs the Langevin corrector alone. ``cfdm_sample`` is the sigma-CFDM
+sampler (Euler in rectified-flow time from an exact training-mixture draw; not a
+``StepRule``: see ``cfdm.py``), and ``per_example(sampler)`` runs any registered sampler
+on a ``SmoothedScore`` with its draws bound to each example.
 
 **Adding a sampler**: a ``driver.StepRule`` subclass (options, stochastic property,
 option checks, NFE count, ``init``/``step``/``final``; see ``ode.py`` and ``sde.py``)
 and one line in ``SAMPLERS`` below.
 """
 
+from scorelib.samplers.cfdm import cfdm_sample, per_example
 from scorelib.samplers.draw import draw_samples
 from scorelib.samplers.driver import Sampler, StepRule
 from scorelib.samplers.grids import GRIDS, edm_grid, log_snr_grid, make_grid, uniform_t_grid
@@ -75,5 +79,7 @@ __all__ = [
     "langevin_corrector",
     "corrector_step_size",
     "draw_samples",
+    "cfdm_sample",
+    "per_example",
     "teleport",
 ]

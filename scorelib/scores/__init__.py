@@ -1,8 +1,9 @@
 """Score sources: one interface for ``score(x, t)`` and ``denoiser(x, t)``.
 
 Every source of a score lives here: analytic ones (Gaussian, Gaussian mixture, the
-training set's empirical score, the many-well quadrature), a trained network, and the
-closed-form Gaussian probability-flow ODE beside the Gaussian source.
+training set's empirical score, its smoothed version and nearest-neighbour estimator
+(sigma-CFDM), the many-well quadrature), a trained network, and the closed-form Gaussian
+probability-flow ODE beside the Gaussian source.
 """
 
 from scorelib.scores.base import ScoreSource, denoiser_from_score, score_from_denoiser
@@ -11,13 +12,17 @@ from scorelib.scores.gaussian import GaussianScore, gaussian_flow, gaussian_marg
 from scorelib.scores.gaussian_fit import fit_gaussian, fit_kmeans_mixture
 from scorelib.scores.manywell import ManyWellNoisyScore
 from scorelib.scores.mixture import MixtureScore
+from scorelib.scores.neighbours import NeighbourScore
 from scorelib.scores.network import NetworkScore, preconditioned_denoiser
+from scorelib.scores.smoothed import SmoothedScore
 
 __all__ = [
     "ScoreSource",
     "GaussianScore",
     "MixtureScore",
     "EmpiricalScore",
+    "SmoothedScore",
+    "NeighbourScore",
     "ManyWellNoisyScore",
     "fit_gaussian",
     "fit_kmeans_mixture",

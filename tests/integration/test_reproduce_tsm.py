@@ -84,6 +84,6 @@ def test_reproduce_without_a_table_is_one_line(tmp_path):
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [
         "error: table= is required; choose one of "
-        "['gaussian_teleport', 'gaussian_teleport_cifar10', 'tsm_low_noise']"
+        "['cfdm', 'gaussian_teleport', 'gaussian_teleport_cifar10', 'tsm_low_noise']"
     ]
     assert not run_dir.exists()  # nothing left behind

@@ -1,0 +1,244 @@
+"""Closed-form diffusion (sigma-CFDM) throughput: samples/s versus the training-set size.
+
+For ``N`` training points in ``d`` dimensions (isotropic Gaussian, or a mixture of 64
+tight clusters), batch 256, the paper's defaults (``T = 0.95``, ``S = 100``: 5 Euler steps;
+``sigma_s = 0.4``, ``M = 2``; ``k = l = 15``), times ``scorelib.samplers.cfdm_sample`` with
+
+* ``exact``: the streamed softmax (``scorelib.scores.EmpiricalScore``; two ``b x N x d``
+  matmuls per perturbed query batch per step);
+* ``nn-jax``: the NN estimator with the exact blocked top-k in JAX (one matmul);
+* ``nn-flat`` / ``nn-ivf`` / ``nn-hnsw``: the NN estimator on a faiss index (exact
+  ``IndexFlatL2``; IVF with ``nlist = 4 sqrt(N)``, ``nprobe = 16``; HNSW with 32 links,
+  ``efSearch = 64``), with the recall@k of the approximate ones against the exact top-k;
+
+against a straightforward NumPy + faiss port measured in the same run (the baseline of the
+issue: full softmax in NumPy; NN with ``IndexFlatL2``), for ``N <= --baseline-max-n``.
+For each path: samples/s, effective GFLOP/s (the matmul work of the exact or NN path:
+``2 b N d`` per matmul) beside this CPU's float32 matmul peak measured in the same run, and
+the mean distance of its samples to the exact ones from the same starts and draws. The NN
+paths' cost exponent in ``N`` is fitted (``samples/s ~ N^-a``) over the sizes run.
+
+    .venv/bin/python benchmarks/closed_form.py [--ns 1000 10000 100000 1000000] [--dims 2 64]
+        [--data gaussian clustered] [--paths exact nn-jax nn-flat nn-ivf nn-hnsw] [--repeats 2]
+
+Timings are wall clock, minimum over ``--repeats`` runs after a compile run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from scipy.special import logsumexp
+
+from scorelib.processes.rectified import RectifiedFlow
+from scorelib.samplers.cfdm import cfdm_sample
+from scorelib.scores import EmpiricalScore, NeighbourScore, SmoothedScore
+from scorelib.scores.neighbours import recall_at_k, top_k_neighbours
+
+B, T, S, SIGMA, M, K, L = 256, 0.95, 100, 0.4, 2, 15, 15
+STEPS = int(round((1 - T) * S))
+
+
+def data(kind: str, n: int, d: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if kind == "gaussian":
+        return rng.normal(size=(n, d)).astype(np.float32)
+    centres = rng.normal(size=(64, d)) * 3.0
+    return (centres[rng.integers(0, 64, n)] + 0.2 * rng.normal(size=(n, d))).astype(np.float32)
+
+
+def best_time(fn, repeats: int):
+    out = fn()  # compile
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        ts.append(time.perf_counter() - t0)
+    return min(ts), out
+
+
+def matmul_peak(repeats: int) -> float:
+    a = jnp.asarray(np.random.default_rng(0).normal(size=(2048, 2048)), jnp.float32)
+    f = jax.jit(lambda a: a @ a)
+    t, _ = best_time(lambda: f(a).block_until_ready(), repeats + 2)
+    return 2 * 2048**3 / t / 1e9
+
+
+def numpy_port(train, x0, eps, nn_index=None):
+    """The straightforward port: Euler in flow time, M perturbations, full or NN softmax."""
+    n = len(train)
+    x = x0.astype(np.float64)
+    sq = np.sum(train.astype(np.float64) ** 2, 1)
+    rng = np.random.default_rng(0)
+    for j in range(STEPS):
+        s = T + j / S
+        means = []
+        for e in eps:
+            y = (x + SIGMA * e) / s
+            if nn_index is None:
+                logits = -(sq[None] - 2 * y @ train.T) * s**2 / (2 * (1 - s) ** 2)
+                w = np.exp(logits - logsumexp(logits, axis=1, keepdims=True))
+                means.append(w @ train)
+            else:
+                _, nbr = nn_index.search(y.astype(np.float32), K)
+                rand = rng.integers(0, n, size=(len(y), L))
+                idx = np.concatenate([nbr, rand], 1)
+                pts = train[idx]
+                logc = np.concatenate(
+                    [np.full(K, -np.log(n)), np.full(L, np.log((n - K) / (L * n)))]
+                )
+                logits = -np.sum((y[:, None] - pts) ** 2, -1) * s**2 / (2 * (1 - s) ** 2) + logc
+                w = np.exp(logits - logsumexp(logits, axis=1, keepdims=True))
+                means.append(np.einsum("bj,bjd->bd", w, pts))
+        x = x + (np.mean(means, 0) - x) / S / (1 - s)
+    return x
+
+
+def library_source(path, table):
+    if path == "exact":
+        est = table
+    elif path == "nn-jax":
+        est = NeighbourScore.create(table, k=K, l=L)
+    else:
+        kind = path.split("-")[1]
+        opts = {
+            "flat": {},
+            "ivf": {"nlist": int(4 * np.sqrt(table.n)), "nprobe": 16},
+            "hnsw": {"hnsw_m": 32, "ef_search": 64},
+        }[kind]
+        est = NeighbourScore.create(table, k=K, l=L, backend="faiss", index=kind, **opts)
+    return SmoothedScore.create(est, sigma_s=SIGMA, M=M), est
+
+
+def run_case(kind, n, d, paths, repeats, baseline_max_n, log):
+    train = data(kind, n, d)
+    table = EmpiricalScore.create(RectifiedFlow(), train, chunk=4096)
+    key = jax.random.key(0)
+    rows, exact_x = [], None
+    for path in paths:
+        src, est = library_source(path, table)
+        t, x = best_time(lambda src=src: np.asarray(cfdm_sample(src, key, B, T=T, S=S)[0]), repeats)
+        flops = STEPS * M * (2 if path == "exact" else 1) * 2 * B * n * d
+        if path == "exact":
+            exact_x = x
+        row = {
+            "data": kind,
+            "N": n,
+            "d": d,
+            "path": path,
+            "samples_per_s": B / t,
+            "gflops": flops / t / 1e9 if path in ("exact", "nn-jax", "nn-flat") else None,
+            "dist_to_exact": float(np.mean(np.linalg.norm(x - exact_x, axis=1)))
+            if exact_x is not None
+            else None,
+            "recall_at_k": None,
+        }
+        if path in ("nn-ivf", "nn-hnsw"):
+            q = jnp.asarray(
+                train[:B] + 0.3 * np.random.default_rng(1).normal(size=(B, d)), jnp.float32
+            )
+            row["recall_at_k"] = recall_at_k(
+                np.asarray(est.search(q)), np.asarray(top_k_neighbours(table, q, K))
+            )
+        rows.append(row)
+        log(row)
+    if n <= baseline_max_n:
+        rng = np.random.default_rng(2)
+        x0 = T * train[rng.integers(0, n, B)] + (1 - T) * rng.normal(size=(B, d))
+        eps = rng.normal(size=(M, B, d))
+        import faiss
+
+        index = faiss.IndexFlatL2(d)
+        index.add(train)
+        for name, idx in (("port-exact", None), ("port-nn-flat", index)):
+            t0 = time.perf_counter()
+            numpy_port(train, x0, eps, idx)
+            t = time.perf_counter() - t0
+            row = {
+                "data": kind,
+                "N": n,
+                "d": d,
+                "path": name,
+                "samples_per_s": B / t,
+                "gflops": None,
+                "dist_to_exact": None,
+                "recall_at_k": None,
+            }
+            rows.append(row)
+            log(row)
+    return rows
+
+
+def exponents(rows):
+    """Fitted ``a`` in ``time per sample ~ N^a`` per (data, d, path) over the sizes run."""
+    out = {}
+    keys = {(r["data"], r["d"], r["path"]) for r in rows}
+    for k in sorted(keys):
+        pts = [(r["N"], r["samples_per_s"]) for r in rows if (r["data"], r["d"], r["path"]) == k]
+        if len(pts) >= 2:
+            n, rate = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
+            out["/".join(map(str, k))] = float(-np.polyfit(n, rate, 1)[0])
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ns", type=int, nargs="+", default=[1000, 10000, 100000, 1000000])
+    ap.add_argument("--dims", type=int, nargs="+", default=[2, 64])
+    ap.add_argument("--data", nargs="+", default=["gaussian", "clustered"])
+    ap.add_argument(
+        "--paths", nargs="+", default=["exact", "nn-jax", "nn-flat", "nn-ivf", "nn-hnsw"]
+    )
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--baseline-max-n", type=int, default=100000)
+    ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    a = ap.parse_args()
+    peak = matmul_peak(a.repeats)
+    print(
+        f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"jax {jax.__version__}; float32 matmul peak {peak:.1f} GFLOP/s",
+        flush=True,
+    )
+    rows = []
+    for kind in a.data:
+        for d in a.dims:
+            for n in a.ns:
+                rows += run_case(
+                    kind,
+                    n,
+                    d,
+                    a.paths,
+                    a.repeats,
+                    a.baseline_max_n,
+                    log=lambda r: print(json.dumps(r), flush=True),
+                )
+    print(
+        f"\n| data | d | N | path | samples/s | GFLOP/s (peak {peak:.0f}) | mean dist. to exact "
+        "| recall@k |\n|---|---|---|---|---|---|---|---|"
+    )
+    for r in rows:
+        g = f"{r['gflops']:.1f}" if r["gflops"] is not None else ""
+        dist = f"{r['dist_to_exact']:.3g}" if r["dist_to_exact"] is not None else ""
+        rec = f"{r['recall_at_k']:.3f}" if r["recall_at_k"] is not None else ""
+        print(
+            f"| {r['data']} | {r['d']} | {r['N']:,} | {r['path']} | {r['samples_per_s']:.0f} "
+            f"| {g} | {dist} | {rec} |"
+        )
+    exps = exponents(rows)
+    print("\nfitted cost exponent a (time per sample ~ N^a):")
+    for k, v in exps.items():
+        print(f"  {k}: {v:.2f}")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"peak_gflops": peak, "rows": rows, "exponents": exps}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Smoothed closed-form score matching: regress a network onto the smoothed closed-form
+score of the training set.
+
+The sigma-CFDM score (Scarvelis, Saez de Ocariz Borde and Solomon, "Closed-form diffusion
+models", arXiv 2310.12395; ``scorelib/scores/smoothed.py``) is a computed label, not a noisy
+one: at a noisy point ``x_t`` the target is the smoothed denoiser
+``D_sigma(x_t, t) = (1/M) sum_m D(x_t + sigma_s eps_m, t)`` of the training set (exact or by
+the nearest-neighbour estimator), so a small network can stand in for the training-set
+search at sampling time. The loss is EDM's (Karras et al. 2022, eq. 8) with the smoothed
+denoiser in place of the clean example::
+
+    lambda(sigma) reduce((D_theta(x_t, t) - D_sigma(x_t, t))^2),
+    ln sigma ~ N(P_mean, P_std^2),  x_t = alpha(t) (x0 + sigma n),
+    lambda = (sigma^2 + sigma_data^2) / (sigma sigma_data)^2.
+
+Example ``b`` draws ``(z, n)`` from ``fold_in(key, b)`` (``example_draws``) and its
+smoothing draws (and the NN estimator's uniform points) from ``fold_in(fold_in(key, 1), b)``
+(``SmoothedScore.for_examples``), so its loss does not depend on its batch.
+
+Unlike the other objectives (static pytrees of hyperparameters) this one holds the training
+set, so it is a pytree with the teacher's arrays as leaves.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from scorelib._checks import check_choice, check_real, require
+from scorelib.objectives.base import REDUCTIONS, Objective, example_draws, reduce_per_example
+from scorelib.objectives.weights import edm_weight
+from scorelib.processes.base import broadcast_to_data
+from scorelib.scores.smoothed import SmoothedScore
+
+Array = Any
+
+
+class SmoothedScoreMatching(Objective, struct.PyTreeNode):
+    """Regression onto the smoothed closed-form denoiser (module docstring).
+
+    Fields:
+      teacher: the :class:`SmoothedScore` of the training set, on the network's process.
+      P_mean, P_std, sigma_data, reduce: as :class:`scorelib.objectives.EDMLoss` (static).
+    """
+
+    teacher: SmoothedScore
+    P_mean: float = struct.field(pytree_node=False, default=-1.2)
+    P_std: float = struct.field(pytree_node=False, default=1.2)
+    sigma_data: float = struct.field(pytree_node=False, default=0.5)
+    reduce: str = struct.field(pytree_node=False, default="mean")
+
+    @classmethod
+    def create(
+        cls, teacher: SmoothedScore, *, P_mean=-1.2, P_std=1.2, sigma_data=0.5, reduce="mean"
+    ) -> SmoothedScoreMatching:
+        """Validate and build.
+
+        Raises:
+          ValueError: naming ``objective.teacher``, ``objective.P_mean``, ``objective.P_std``,
+            ``objective.sigma_data`` or ``objective.reduce``.
+        """
+        require(
+            isinstance(teacher, SmoothedScore),
+            "objective.teacher",
+            "a SmoothedScore",
+            type(teacher).__name__,
+        )
+        inf = math.inf
+        P_mean = check_real(P_mean, "objective.P_mean", low=-inf, high=inf)
+        P_std = check_real(P_std, "objective.P_std", low=0.0, low_open=True)
+        sigma_data = check_real(sigma_data, "objective.sigma_data", low=0.0, low_open=True)
+        check_choice(reduce, "objective.reduce", REDUCTIONS)
+        return cls(
+            teacher=teacher, P_mean=P_mean, P_std=P_std, sigma_data=sigma_data, reduce=reduce
+        )
+
+    @property
+    def process(self):
+        """The teacher's (and the network's) process."""
+        return self.teacher.process
+
+    def example_losses(self, source, x0, key):
+        """``lambda(sigma) reduce((source.denoiser(x_t, t) - D_sigma(x_t, t))^2)`` per example.
+
+        Args:
+          source: a score source on the teacher's process; its ``denoiser`` is trained.
+          x0: ``[batch, *data_shape]`` training examples (data units).
+          key: the step's PRNG key.
+
+        Returns:
+          ``(losses [batch], {"sigma": [batch]})``, ``sigma`` the VE-frame noise levels.
+        """
+        p = self.teacher.process
+        z, n = example_draws(key, x0, "normal")
+        sigma = jnp.exp(self.P_mean + self.P_std * z)
+        t = p.t_of_ve_sigma(sigma)
+        xt = broadcast_to_data(p.alpha(t), x0) * (x0 + broadcast_to_data(sigma, x0) * n)
+        teacher = self.teacher.for_examples(jax.random.fold_in(key, 1), x0.shape[0])
+        label = jax.lax.stop_gradient(teacher.denoiser(xt, t))
+        err = reduce_per_example((source.denoiser(xt, t) - label) ** 2, self.reduce)
+        return edm_weight(ve_sigma=sigma, sigma_data=self.sigma_data) * err, {"sigma": sigma}
