@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 
 import pytest
-from conftest import run_inprocess
+from entry_helpers import run_inprocess
 
 
 @pytest.mark.slow

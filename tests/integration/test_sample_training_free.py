@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import run_inprocess
+from entry_helpers import run_inprocess
 
 
 def test_cfdm_moons_samples_and_evaluates_without_a_checkpoint(tmp_path):
