@@ -1,5 +1,6 @@
-"""Metrics: sample distances, Fréchet distances, classifier features, memorisation, and the
-estimators the tables report (relative score error, explained fraction, label variance)."""
+"""Metrics: sample distances, Fréchet distances, classifier features, the classifier two-sample
+test, precision/recall, memorisation, and the estimators the tables report (relative score
+error, explained fraction, label variance)."""
 
 from scorelib.metrics.classifier import (
     ClassifierConfig,
@@ -23,11 +24,15 @@ from scorelib.metrics.memorisation import (
     nearest_neighbour_distances,
     nearest_neighbours,
 )
+from scorelib.metrics.precision_recall import knn_radii, precision_recall
 from scorelib.metrics.score_error import explained_fraction, noisy_samples, relative_score_error
+from scorelib.metrics.two_sample import c2st, default_classifier
 
 __all__ = [
     "ClassifierConfig",
     "FeatureExtractor",
+    "c2st",
+    "default_classifier",
     "default_cache_dir",
     "energy_distance",
     "explained_fraction",
@@ -35,6 +40,7 @@ __all__ = [
     "fd_floor",
     "frechet_distance",
     "gaussian_stats",
+    "knn_radii",
     "label_variance",
     "median_bandwidth",
     "memorisation_stats",
@@ -43,6 +49,7 @@ __all__ = [
     "nearest_neighbour_distances",
     "nearest_neighbours",
     "noisy_samples",
+    "precision_recall",
     "relative_score_error",
     "sample_distances",
     "sliced_wasserstein2",
