@@ -22,8 +22,9 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
-# The main job: EDM on the real 8x8 digits (train, sample with Heun-18), then the FD /
-# memorisation table. Rerunning resumes (or reuses) outputs/digits_edm.
+# The main job: EDM on the real 8x8 digits (train, sample with Heun-18), then the tables of
+# FD, two-sample test, precision/recall, bits/dim and memorisation, each beside its floor and
+# a Gaussian baseline. Rerunning resumes (or reuses) outputs/digits_edm.
 demo: $(STAMP)
 	$(BIN)/python -m experiments.train experiment=digits_edm
 	$(BIN)/python -m experiments.evaluate run_dir=outputs/digits_edm

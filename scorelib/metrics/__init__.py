@@ -1,6 +1,6 @@
 """Metrics: sample distances, Fréchet distances, classifier features, the classifier two-sample
-test, precision/recall, memorisation, and the estimators the tables report (relative score
-error, explained fraction, label variance)."""
+test, precision/recall, PF-ODE likelihood and bits/dim, memorisation, and the estimators the
+tables report (relative score error, explained fraction, label variance)."""
 
 from scorelib.metrics.classifier import (
     ClassifierConfig,
@@ -19,6 +19,7 @@ from scorelib.metrics.distances import (
 )
 from scorelib.metrics.frechet import fd_features, fd_floor, frechet_distance, gaussian_stats
 from scorelib.metrics.label_variance import label_variance
+from scorelib.metrics.likelihood import bits_per_dim, dequantise, pf_ode_log_likelihood
 from scorelib.metrics.memorisation import (
     memorisation_stats,
     nearest_neighbour_distances,
@@ -31,8 +32,10 @@ from scorelib.metrics.two_sample import c2st, default_classifier
 __all__ = [
     "ClassifierConfig",
     "FeatureExtractor",
+    "bits_per_dim",
     "c2st",
     "default_classifier",
+    "dequantise",
     "default_cache_dir",
     "energy_distance",
     "explained_fraction",
@@ -49,6 +52,7 @@ __all__ = [
     "nearest_neighbour_distances",
     "nearest_neighbours",
     "noisy_samples",
+    "pf_ode_log_likelihood",
     "precision_recall",
     "relative_score_error",
     "sample_distances",
