@@ -72,6 +72,7 @@ class MLPConfig:
     dropout: float = 0.0
     emb_scale: float | None = None  # None: the embedding's default
     norm: str = "none"  # none | layer
+    skip: str = "none"  # none | affine
 
 
 @dataclass

@@ -29,9 +29,17 @@ class MLP(nnx.Module):
       norm: ``'none'`` or ``'layer'``: LayerNorm (Ba et al. 2016) before each hidden
         layer's activation and before the output layer, which bounds the output for
         any input, also at noise levels training rarely saw.
+      skip: ``'none'`` or ``'affine'``: add a per-coordinate affine path
+        ``a(c_noise) * x + b(c_noise)`` to the output, with ``a, b: [batch, d]`` linear in
+        the SiLU of the embedded noise level (zero-initialised, so the network still
+        starts at 0). It holds, at every noise level, the per-coordinate linear
+        (Wiener-filter) part of the denoiser exactly, e.g. ``D = -1`` for an image's
+        always-black border, which the hidden layers would otherwise have to
+        reproduce from the input through the stack; they learn the remainder.
 
     Raises:
-      ValueError: for non-positive sizes, a dropout rate outside [0, 1) or an unknown norm.
+      ValueError: for non-positive sizes, a dropout rate outside [0, 1), an unknown norm
+        or skip.
     """
 
     def __init__(
@@ -44,6 +52,7 @@ class MLP(nnx.Module):
         dropout: float = 0.0,
         emb_scale: float | None = None,
         norm: str = "none",
+        skip: str = "none",
         *,
         rngs: nnx.Rngs,
     ):
@@ -51,6 +60,7 @@ class MLP(nnx.Module):
         check_int(depth, "model.depth", low=1)
         check_real(dropout, "model.dropout", low=0.0, high=1.0, high_open=True)
         check_choice(norm, "model.norm", ("none", "layer"))
+        check_choice(skip, "model.skip", ("none", "affine"))
         self.data_shape = tuple(data_shape)
         d = math.prod(self.data_shape)
         self.embed = make_embedding(embedding, emb_dim, emb_scale, rngs=rngs)
@@ -64,16 +74,31 @@ class MLP(nnx.Module):
             if norm == "layer"
             else None
         )
+        zeros = nnx.initializers.zeros
+        self.skip_scale, self.skip_shift = (
+            (
+                nnx.Linear(width, d, kernel_init=zeros, rngs=rngs),
+                nnx.Linear(width, d, kernel_init=zeros, rngs=rngs),
+            )
+            if skip == "affine"
+            else (None, None)
+        )
 
     def __call__(self, x, c_noise, *, rngs: nnx.Rngs | None = None):
         """``x: [batch, *data_shape]``, ``c_noise: [batch]``; ``rngs`` enables dropout."""
         b = x.shape[0]
-        h = self.x_in(jnp.reshape(x, (b, -1))) + self.emb_in(self.embed(c_noise))
+        flat = jnp.reshape(x, (b, -1))
+        emb = self.emb_in(self.embed(c_noise))
+        h = self.x_in(flat) + emb
         for i, layer in enumerate(self.hidden):
             h = layer(jax.nn.silu(self._norm(i, h)))
             if rngs is not None:
                 h = self.dropout(h, rngs=rngs, deterministic=False)
-        return jnp.reshape(self.out(jax.nn.silu(self._norm(-1, h))), x.shape)
+        out = self.out(jax.nn.silu(self._norm(-1, h)))
+        if self.skip_scale is not None:
+            e = jax.nn.silu(emb)
+            out = out + self.skip_scale(e) * flat + self.skip_shift(e)
+        return jnp.reshape(out, x.shape)
 
     def _norm(self, i, h):  # LayerNorm i (-1: before the output layer), or the identity
         return h if self.norms is None else self.norms[i](h)

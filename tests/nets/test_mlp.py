@@ -59,6 +59,7 @@ def test_mlp_shape_zero_init_dropout_grad(data_shape, embedding):
         (dict(emb_dim=7), "model.emb_dim"),
         (dict(embedding="nope"), "model.embedding"),
         (dict(norm="batch"), "model.norm"),
+        (dict(skip="linear"), "model.skip"),
     ],
 )
 def test_mlp_invalid_config(kw, field):
@@ -86,3 +87,27 @@ def test_layer_norm_bounds_the_output_for_any_input(norm):
         assert max(norms) <= bound * (1 + 1e-5), (norms, bound)
     else:
         assert norms[-1] > 100 * bound, (norms, bound)
+
+
+def test_affine_skip_starts_at_zero_and_adds_a_per_coordinate_affine_map():
+    """skip='affine': zero at initialisation (like the plain MLP); with the hidden path's
+    output layer at zero and only the biases of the skip set, F(x) = alpha * x + beta for
+    every x and noise level (computed here directly from alpha, beta); and the skip
+    parameters receive gradients."""
+    d, width = 5, 16
+    model = MLP((d,), width=width, depth=2, emb_dim=8, skip="affine", rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(4, d)), jnp.float32)
+    c = jnp.asarray([-1.5, -0.2, 0.4, 1.1])
+    np.testing.assert_array_equal(np.asarray(model(x, c)), 0.0)
+    alpha = rng.normal(size=d).astype(np.float32)
+    beta = rng.normal(size=d).astype(np.float32)
+    model.skip_scale.bias[...] = jnp.asarray(alpha)
+    model.skip_shift.bias[...] = jnp.asarray(beta)
+    np.testing.assert_allclose(np.asarray(model(x, c)), alpha * np.asarray(x) + beta, rtol=1e-6)
+    graphdef, params = nnx.split(model, nnx.Param)
+    grad = jax.grad(lambda q: jnp.sum(nnx.merge(graphdef, q)(x, c) ** 2))(params)
+    assert np.max(np.abs(np.asarray(grad["skip_scale"]["kernel"][...]))) > 0
+    assert np.max(np.abs(np.asarray(grad["out"]["kernel"][...]))) > 0
+    plain = MLP((d,), width=width, depth=2, emb_dim=8, rngs=nnx.Rngs(0))
+    assert not hasattr(plain, "skip_scale") or plain.skip_scale is None
