@@ -260,8 +260,13 @@ def run_evaluation(cfg: DictConfig) -> dict:
     cfg_path = run_dir / "config.yaml"
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{cfg_path}: not found; run_dir must be a training run directory")
-    train_cfg = OmegaConf.load(cfg_path)
-    path = samples_path(cfg, train_cfg)
+    from experiments import distill  # a distillation run: its student's one-step samples
+
+    if distill.is_distill_run(run_dir):
+        train_cfg, path = distill.evaluate_inputs(cfg)
+    else:
+        train_cfg = OmegaConf.load(cfg_path)
+        path = samples_path(cfg, train_cfg)
     samples = load_samples(path)
     data = build.build_data(train_cfg)
     if data.images is not None:

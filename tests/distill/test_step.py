@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from scorelib import distill
+from scorelib import distill, training
 from scorelib.data.targets import GaussianMixtureTarget
 from scorelib.nets import MLP, UNet
 from scorelib.processes import EDM
@@ -123,6 +123,10 @@ def test_student_and_critic_steps_move_their_own_parts_and_nan_stops():
     assert metrics[3]["finite"] == 0
     assert int(s4.first_nonfinite) == 3 and int(s4.n_skipped) == 1 and int(s4.step) == 4
     assert _same(s4.params, s3.params) and _same(s4.opt_state, s3.opt_state)
+    # the training loop stops on it, naming the step
+    fresh = distill.init_distill_state(params, opts, cfg, seed=0)
+    with pytest.raises(FloatingPointError, match="non-finite loss at step 3"):
+        training.train(fresh, step, num_steps=4, log_every=2, progress=False, handle_signals=False)
 
 
 @pytest.mark.parametrize(
