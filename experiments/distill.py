@@ -201,8 +201,9 @@ def setup_distill(cfg: DictConfig) -> DistillRun:
     else:
         if cfg.get("data") is None or cfg.data.get("name") != "target":
             raise ValueError(
-                "teacher.run_dir or data=target: the teacher is a trained run or the exact "
-                f"score of a target; got teacher.run_dir=null and data="
+                "teacher.run_dir=<an experiments.train run> or data=target is required: the "
+                "teacher is a trained run or the exact score of a target; got "
+                "teacher.run_dir=null and data="
                 f"{OmegaConf.select(cfg, 'data.name')}"
             )
         for group in ("process", "model"):
