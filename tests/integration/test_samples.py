@@ -91,3 +91,13 @@ def test_image_evaluation_shows_progress_and_the_gaussian_baseline(tmp_path):
     result = json.loads((tmp_path / "eval.json").read_text())
     # training digits are far closer to the test digits than a Gaussian fit is
     assert result["fd"] < 0.2 * result["fd_gaussian"], result
+    # copies of training digits pass the two-sample test (at the floor, far from the
+    # Gaussian baseline); only the memorisation statistics beside it show the copying
+    assert result["two_sample_n"] == 359 and result["two_sample_draws"] == 1
+    se = result["c2st_pixels_se_floor"]
+    assert abs(result["c2st_pixels_samples"] - result["c2st_pixels_floor"]) < 4 * se, result
+    assert result["c2st_pixels_gaussian"] > 0.85, result
+    assert result["mem_copy_rate"] == 1.0 and result["mem_nn_mean_ratio"] == 0.0
+    assert "bpd" not in result  # no checkpoint in this run directory: no model to score
+    table = (tmp_path / "eval.md").read_text()
+    assert "| C2ST pixels |" in table and "(floor)" in table

@@ -1,0 +1,113 @@
+"""Classifier two-sample test (C2ST): can a classifier tell two sample sets apart?
+
+Label one set 0 and the other 1, train a classifier by ``k``-fold cross-validation and
+report its out-of-fold accuracy (Lopez-Paz & Oquab 2017, "Revisiting classifier two-sample
+tests", ICLR; the C2ST of simulation-based inference benchmarks, Lueckmann et al. 2021).
+0.5 means the classifier cannot tell them apart; 1.0 means it always can. Unlike a Fréchet
+distance it sees every difference the classifier can learn (speckle, grey levels, out-of-range
+pixels, missing modes), not only the first two moments of a feature map.
+
+Read it beside two numbers at the same sizes: the floor (training data vs test data, which
+is what a perfect sampler gets) and a baseline that must be beaten (a Gaussian fit). A model
+that copies its training set also reaches the floor: read it beside memorisation statistics
+(:func:`scorelib.metrics.memorisation_stats`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from scorelib._checks import check_int
+
+
+def default_classifier(seed: int = 0):
+    """The default C2ST classifier: scikit-learn's ``HistGradientBoostingClassifier``
+    (default hyper-parameters, ``random_state=seed``).
+
+    Chosen by measurement (8x8 digits, 359 vs 359, 5 folds, 2 CPU cores): it needs no
+    feature scaling and about 0.7 s per test, reads the floor as 0.49 and a Gaussian fit as
+    0.95; on two 5-D Gaussians with a mean shift of 1 along a diagonal, 2,000 per side, it
+    gets 0.66 against the Bayes accuracy 0.69. A random forest was as fast but less
+    sensitive on the digits (0.77 against 0.83 for the same samples); the multilayer
+    perceptron of the simulation-based-inference C2ST (two hidden layers of ``10 d``
+    units) took minutes per test on these cores.
+    """
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    return HistGradientBoostingClassifier(random_state=seed)
+
+
+def c2st(a, b, *, folds: int = 5, seed: int = 0, classifier=None) -> dict:
+    """Cross-validated accuracy of a classifier that tells ``a`` from ``b``.
+
+    The sets must be balanced (as many examples in each), so that 0.5 is chance. Each
+    example is predicted once, by the classifier trained on the other folds
+    (``StratifiedKFold(folds, shuffle=True, random_state=seed)``); the accuracy is the
+    fraction of the ``2 n`` out-of-fold predictions that are right.
+
+    The standard error is the binomial one of that fraction, ``sqrt(acc (1 - acc) / 2n)``
+    (Lopez-Paz & Oquab 2017, Sec. 3: under the null the accuracy is approximately
+    ``N(1/2, 1/(4 n_te))`` with ``n_te = 2 n`` test predictions here); it ignores the
+    small dependence between folds that share training data. ``p_value`` is the one-sided
+    p-value of that null approximation: the chance that a classifier that cannot tell the
+    sets apart scores this high.
+
+    The classifier runs on one thread (``threadpoolctl.threadpool_limits(1)``): at these
+    sizes threads gain nothing, and on a shared 2-core machine two OpenMP threads of the
+    default classifier took 31 s for what one thread does in 4 s (359 vs 359, 64 pixels).
+
+    Args:
+      a, b: ``[n, *shape]`` each (flattened to ``[n, d]`` features; images must be
+        quantised like the data first: :func:`scorelib.data.images.quantise`).
+      folds: number of cross-validation folds, ``2 <= folds <= n``.
+      seed: seed of the fold split and of the default classifier.
+      classifier: an unfitted scikit-learn classifier (cloned for each fold); ``None``:
+        :func:`default_classifier`.
+
+    Returns:
+      dict: ``accuracy``, ``se``, ``p_value`` (floats), ``n`` (examples per set),
+      ``fold_accuracies`` (list of ``folds`` floats).
+
+    Raises:
+      ValueError: for sets of different sizes or example shapes, non-finite values, or
+        ``folds`` out of range.
+    """
+    from sklearn.base import clone
+    from sklearn.model_selection import StratifiedKFold, cross_val_predict
+
+    a = np.asarray(a)
+    b = np.asarray(b)
+    if a.ndim < 2 or b.ndim < 2 or a.shape[0] < 2:
+        raise ValueError(f"a and b must be [n >= 2, *shape]; got {a.shape} and {b.shape}")
+    if a.shape != b.shape:
+        raise ValueError(
+            f"a and b must have the same shape (balanced sets of one example shape); "
+            f"got {a.shape} and {b.shape}: draw as many of each"
+        )
+    n = a.shape[0]
+    folds = check_int(folds, "folds", low=2, high=n)
+    seed = check_int(seed, "seed", low=0)
+    x = np.concatenate([a.reshape(n, -1), b.reshape(n, -1)]).astype(np.float32)
+    if not np.all(np.isfinite(x)):
+        raise ValueError("a and b must be finite; got NaN or inf values")
+    y = np.repeat(np.array([0, 1]), n)
+    clf = default_classifier(seed) if classifier is None else clone(classifier)
+    split = StratifiedKFold(folds, shuffle=True, random_state=seed)
+    fold_of = np.empty(2 * n, dtype=np.int64)
+    for i, (_, test) in enumerate(split.split(x, y)):
+        fold_of[test] = i
+    with threadpool_limits(1):  # see the docstring: threads cost more than they gain here
+        pred = cross_val_predict(clf, x, y, cv=split)
+    right = pred == y
+    acc = float(np.mean(right))
+    null_se = 0.5 / math.sqrt(2 * n)
+    return {
+        "accuracy": acc,
+        "se": math.sqrt(acc * (1.0 - acc) / (2 * n)),
+        "p_value": 0.5 * math.erfc((acc - 0.5) / null_se / math.sqrt(2.0)),
+        "n": int(n),
+        "fold_accuracies": [float(np.mean(right[fold_of == i])) for i in range(folds)],
+    }

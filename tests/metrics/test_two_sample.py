@@ -1,0 +1,109 @@
+"""C2ST: chance on one distribution, Bayes accuracy on a known pair, the floor on copies,
+and a separation of real held-out digits from a Gaussian fit and from unquantised samples."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import norm
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import StratifiedKFold
+
+from scorelib.data.images import load_digits, quantise
+from scorelib.metrics import c2st, default_classifier, memorisation_stats
+from scorelib.metrics.baselines import gaussian_baseline
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_digits()
+
+
+def test_one_distribution_gives_chance():
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(2, 1000, 5))
+    r = c2st(a, b)
+    assert abs(r["accuracy"] - 0.5) <= 2 * r["se"], r
+    assert r["p_value"] > 0.05
+    assert r["n"] == 1000 and len(r["fold_accuracies"]) == 5
+    assert r["se"] == pytest.approx(math.sqrt(r["accuracy"] * (1 - r["accuracy"]) / 2000))
+
+
+def test_mean_shift_reaches_but_does_not_beat_bayes():
+    # N(0, I_5) vs N(delta u, I_5), |u| = 1 along a diagonal: the Bayes classifier
+    # thresholds u.x at delta / 2 and is right with probability Phi(delta / 2).
+    rng = np.random.default_rng(1)
+    d, n, delta = 5, 2000, 1.0
+    u = np.ones(d) / math.sqrt(d)
+    a = rng.normal(size=(n, d))
+    b = rng.normal(size=(n, d)) + delta * u
+    bayes = norm.cdf(delta / 2)
+    r = c2st(a, b)
+    assert r["accuracy"] <= bayes + 2 * r["se"], (r, bayes)
+    assert r["accuracy"] >= bayes - 0.05, (r, bayes)
+    assert r["p_value"] < 1e-10
+
+
+def test_accuracy_is_the_out_of_fold_fraction_right():
+    # an independent loop over the same folds with the same classifier
+    rng = np.random.default_rng(2)
+    a = rng.normal(size=(60, 3))
+    b = rng.normal(size=(60, 3)) + 0.7
+    r = c2st(a, b, folds=4, seed=3, classifier=LogisticRegression())
+    x, y = np.concatenate([a, b]), np.repeat([0, 1], 60)
+    right = []
+    for tr, te in StratifiedKFold(4, shuffle=True, random_state=3).split(x, y):
+        clf = LogisticRegression().fit(x[tr], y[tr])
+        right.append(clf.predict(x[te]) == y[te])
+    assert r["accuracy"] == pytest.approx(np.mean(np.concatenate(right)))
+    assert r["fold_accuracies"] == pytest.approx([np.mean(f) for f in right])
+
+
+def test_same_seed_same_result():
+    rng = np.random.default_rng(4)
+    a, b = rng.normal(size=(2, 200, 4))
+    assert c2st(a, b, seed=7) == c2st(a, b, seed=7)
+
+
+def test_digits_floor_gaussian_and_quantisation(digits):
+    n = digits.test.shape[0]
+    rng = np.random.default_rng(0)
+    train = digits.train[rng.choice(digits.train.shape[0], n, replace=False)]
+    floor = c2st(train, digits.test)
+    assert abs(floor["accuracy"] - 0.5) <= 3 * floor["se"], floor
+    gauss = quantise(gaussian_baseline(digits.train, n, seed=0), digits.levels)
+    bad = c2st(gauss, digits.test)
+    assert bad["accuracy"] > 0.85, bad
+    # continuous samples are told apart by their grey levels alone: quantise first
+    blurred = train + rng.normal(0.0, 0.02, train.shape).astype(np.float32)
+    assert c2st(blurred, digits.test)["accuracy"] > 0.95
+    assert c2st(quantise(blurred, digits.levels), digits.test)["accuracy"] < 0.6
+
+
+def test_copies_of_training_set_reach_the_floor(digits):
+    # a model that copies its training set passes the C2ST; memorisation catches it
+    n = digits.test.shape[0]
+    copies = digits.train[:n]
+    r = c2st(copies, digits.test)
+    assert abs(r["accuracy"] - 0.5) <= 3 * r["se"], r
+    mem = memorisation_stats(copies, digits.train, reference=digits.test)
+    assert mem["copy_rate"] == 1.0 and mem["sample_nn_mean"] == 0.0
+
+
+def test_default_classifier_is_documented_estimator():
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    clf = default_classifier(3)
+    assert isinstance(clf, HistGradientBoostingClassifier) and clf.random_state == 3
+
+
+def test_errors():
+    a = np.zeros((10, 3))
+    with pytest.raises(ValueError, match="same shape"):
+        c2st(a, np.zeros((11, 3)))
+    with pytest.raises(ValueError, match="folds must be an integer in"):
+        c2st(a, a + 1, folds=1)
+    with pytest.raises(ValueError, match="folds must be an integer in"):
+        c2st(a, a + 1, folds=11)
+    with pytest.raises(ValueError, match="finite"):
+        c2st(a, np.full((10, 3), np.nan))
