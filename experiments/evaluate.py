@@ -427,7 +427,9 @@ def model_source(cfg: DictConfig):
     """The run's score source at checkpoint ``step`` (default the latest; EMA parameters
     unless ``use_ema=false``), for bits/dim; ``None`` when the run has no checkpoint (e.g.
     ``samples=`` given for a run directory that holds only a config)."""
-    if not saved_steps(Path(cfg.run_dir)):
+    from experiments import distill  # a one-step student has no score: no bits/dim
+
+    if not saved_steps(Path(cfg.run_dir)) or distill.is_distill_run(cfg.run_dir):
         return None
     run, state = load_run(cfg.run_dir, step=cfg.step)
     return run.source(state.ema_params if cfg.use_ema else state.params)

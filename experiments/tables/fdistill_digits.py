@@ -146,15 +146,29 @@ def report(results: list, tc, teacher_dir: Path, fig: Path) -> dict:
         "FD (digits classifier)",
         "FD floor",
         "FD / teacher-35 FD",
+        "C2ST accuracy (features; 0.5 = indistinguishable)",
+        "recall (features)",
         "nearest-train distance (samples / test)",
         "copy rate",
         "CIFAR-10 FID (paper)",
+        "CIFAR-10 recall (paper)",
     ]
     teacher_fd = np.mean([r["fd"] for r in results if r["key"] == "teacher_35"])
     rows = []
+    paper_recall = {
+        "teacher_35": 0.63,
+        "rkl": 0.60,
+        "sf": 0.60,
+        "sh": 0.63,
+        "js": 0.62,
+        "jf": 0.62,
+        "kl": 0.62,
+    }
     for label, nfe in labels:
         rs = [r for r in results if (r["label"], r["nfe"]) == (label, nfe)]
         fd = np.array([r["fd"] for r in rs])
+        c2st = float(np.mean([r["c2st_features_samples"] for r in rs]))
+        recall = float(np.mean([r["recall_features_samples"] for r in rs]))
         mem = float(np.mean([r["mem_nn_mean_ratio"] for r in rs]))
         copy = float(np.mean([r["mem_copy_rate"] for r in rs]))
         rows.append(
@@ -164,9 +178,12 @@ def report(results: list, tc, teacher_dir: Path, fig: Path) -> dict:
                 pm(fd.mean(), fd.std()),
                 pm(np.mean([r["fd_floor"] for r in rs]), np.mean([r["fd_floor_std"] for r in rs])),
                 float(fd.mean() / teacher_fd),
+                c2st,
+                recall,
                 mem,
                 copy,
                 PAPER_FID.get(rs[0]["key"]),
+                paper_recall.get(rs[0]["key"]),
             ]
         )
     students = [r for r in results if r["nfe"] == 1 and str(r["label"]).startswith("student")]
