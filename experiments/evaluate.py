@@ -437,7 +437,9 @@ def model_source(cfg: DictConfig):
     """The run's score source at checkpoint ``step`` (default the latest; EMA parameters
     unless ``use_ema=false``), for bits/dim; ``None`` when the run has no checkpoint (e.g.
     ``samples=`` given for a run directory that holds only a config)."""
-    if not saved_steps(Path(cfg.run_dir)):
+    from experiments import distill  # a one-step student has no score: no bits/dim
+
+    if not saved_steps(Path(cfg.run_dir)) or distill.is_distill_run(cfg.run_dir):
         return None
     run, state = load_run(cfg.run_dir, step=cfg.step)
     return run.source(state.ema_params if cfg.use_ema else state.params)
@@ -452,8 +454,13 @@ def run_evaluation(cfg: DictConfig) -> dict:
     cfg_path = run_dir / "config.yaml"
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{cfg_path}: not found; run_dir must be a training run directory")
-    train_cfg = OmegaConf.load(cfg_path)
-    path = samples_path(cfg, train_cfg)
+    from experiments import distill  # a distillation run: its student's one-step samples
+
+    if distill.is_distill_run(run_dir):
+        train_cfg, path = distill.evaluate_inputs(cfg)
+    else:
+        train_cfg = OmegaConf.load(cfg_path)
+        path = samples_path(cfg, train_cfg)
     samples = load_samples(path)
     data = build.build_data(train_cfg)
     if data.images is not None:

@@ -216,6 +216,10 @@ def run_sampling(cfg: DictConfig) -> Path:
         from experiments.closed_form import run_training_free
 
         return run_training_free(cfg)
+    from experiments import distill  # a distillation run: one-step samples of its student
+
+    if distill.is_distill_run(cfg.run_dir):
+        return distill.sample_command(cfg)
     run, state = load_run(cfg.run_dir, resolve_sampler(cfg), cfg.step)
     params = state.ema_params if cfg.use_ema else state.params
     out = sample_and_save(run, params, Path(cfg.run_dir), step=int(state.step), use_ema=cfg.use_ema)

@@ -234,8 +234,7 @@ class GaussianMixtureTarget(Target):
         m = np.asarray(means, dtype=np.float64)
         if m.ndim == 1:
             m = m[:, None]
-        require(m.ndim == 2 and m.shape[0] >= 1, "target.means", "of shape [K, d]",
-                np.shape(means))
+        require(m.ndim == 2 and m.shape[0] >= 1, "target.means", "of shape [K, d]", np.shape(means))
         k, d = m.shape
         ok = w.shape == (k,) and np.all(np.isfinite(w)) and not np.any(w <= 0)
         require(ok, "target.weights", f"{k} positive numbers", weights)
@@ -243,16 +242,19 @@ class GaussianMixtureTarget(Target):
             raise ValueError("give exactly one of target.covs and target.stds")
         if stds is not None:
             s = np.asarray(stds, dtype=np.float64).reshape(-1)
-            require(s.shape == (k,) and np.all(s > 0), "target.stds", f"{k} positive numbers",
-                    stds)
+            require(s.shape == (k,) and np.all(s > 0), "target.stds", f"{k} positive numbers", stds)
             c = (s**2)[:, None, None] * np.eye(d)[None]
         else:
             c = np.asarray(covs, dtype=np.float64)
             if d == 1 and c.shape in ((k,), (k, 1)):
                 c = c.reshape(k, 1, 1)
             require(c.shape == (k, d, d), "target.covs", f"of shape ({k}, {d}, {d})", c.shape)
-            require(np.allclose(c, np.swapaxes(c, -1, -2), rtol=1e-6, atol=1e-9),
-                    "target.covs", "symmetric", "an asymmetric matrix")
+            require(
+                np.allclose(c, np.swapaxes(c, -1, -2), rtol=1e-6, atol=1e-9),
+                "target.covs",
+                "symmetric",
+                "an asymmetric matrix",
+            )
         lam, u = np.linalg.eigh(0.5 * (c + np.swapaxes(c, -1, -2)))
         if not np.all(lam > 0):
             raise ValueError(
@@ -283,8 +285,13 @@ class GaussianMixtureTarget(Target):
         ``sigma = 0``: the clean density."""
         logw, m, lam, u = self._consts()
         return mixture_terms(
-            _check_x(self, x), log_weights=logw, means=m, eigvecs=u, eigvals=lam,
-            alpha=1.0, sigma=0.0,
+            _check_x(self, x),
+            log_weights=logw,
+            means=m,
+            eigvecs=u,
+            eigvals=lam,
+            alpha=1.0,
+            sigma=0.0,
         )
 
     def log_prob(self, x):

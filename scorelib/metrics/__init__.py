@@ -1,6 +1,7 @@
 """Metrics: sample distances, Fréchet distances, classifier features, the classifier two-sample
-test, precision/recall, PF-ODE likelihood and bits/dim, memorisation, and the estimators the
-tables report (relative score error, explained fraction, label variance)."""
+test, precision/recall, mode coverage of a known mixture, PF-ODE likelihood and bits/dim,
+memorisation, and the estimators the tables report (relative score error, explained
+fraction, label variance)."""
 
 from scorelib.metrics.classifier import (
     ClassifierConfig,
@@ -25,6 +26,7 @@ from scorelib.metrics.memorisation import (
     nearest_neighbour_distances,
     nearest_neighbours,
 )
+from scorelib.metrics.modes import mode_statistics
 from scorelib.metrics.precision_recall import knn_radii, precision_recall
 from scorelib.metrics.score_error import explained_fraction, noisy_samples, relative_score_error
 from scorelib.metrics.two_sample import c2st, default_classifier
@@ -47,6 +49,7 @@ __all__ = [
     "label_variance",
     "median_bandwidth",
     "memorisation_stats",
+    "mode_statistics",
     "mmd_rbf",
     "mnist_subset_config",
     "nearest_neighbour_distances",

@@ -21,8 +21,9 @@ class FourierEmbedding(nnx.Module):
     """``c: [batch] -> [batch, dim]``; the frequencies are fixed (not trained)."""
 
     def __init__(self, dim: int, scale: float = 16.0, *, rngs: nnx.Rngs):
-        require(is_int(dim) and dim > 0 and dim % 2 == 0, "model.emb_dim", "a positive even int",
-                dim)
+        require(
+            is_int(dim) and dim > 0 and dim % 2 == 0, "model.emb_dim", "a positive even int", dim
+        )
         # Stored as a Param so the model is one parameter pytree, but never trained:
         # the forward pass stops its gradient, so Adam's update for it is exactly 0.
         self.freqs = nnx.Param(jax.random.normal(rngs.params(), (dim // 2,)) * scale)
@@ -37,8 +38,9 @@ class PositionalEmbedding(nnx.Module):
     """``c: [batch] -> [batch, dim]`` sinusoidal embedding (no parameters)."""
 
     def __init__(self, dim: int, max_positions: float = 10000.0, scale: float = 1.0):
-        require(is_int(dim) and dim > 0 and dim % 2 == 0, "model.emb_dim", "a positive even int",
-                dim)
+        require(
+            is_int(dim) and dim > 0 and dim % 2 == 0, "model.emb_dim", "a positive even int", dim
+        )
         self.dim = dim
         self.max_positions = max_positions
         self.scale = scale

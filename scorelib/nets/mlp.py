@@ -100,5 +100,22 @@ class MLP(nnx.Module):
             out = out + self.skip_scale(e) * flat + self.skip_shift(e)
         return jnp.reshape(out, x.shape)
 
+    def features(self, x, c_noise):
+        """The hidden activations of :meth:`__call__` (no dropout), for a discriminator head.
+
+        Args:
+          x: ``[batch, *data_shape]``; c_noise: ``[batch]``.
+
+        Returns:
+          a list of ``depth`` arrays ``[batch, width]``: the output of each hidden layer.
+        """
+        b = x.shape[0]
+        h = self.x_in(jnp.reshape(x, (b, -1))) + self.emb_in(self.embed(c_noise))
+        out = []
+        for i, layer in enumerate(self.hidden):
+            h = layer(jax.nn.silu(self._norm(i, h)))
+            out.append(h)
+        return out
+
     def _norm(self, i, h):  # LayerNorm i (-1: before the output layer), or the identity
         return h if self.norms is None else self.norms[i](h)

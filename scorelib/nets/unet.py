@@ -287,10 +287,15 @@ class UNet(nnx.Module):
         Raises:
           ValueError: if ``x`` is not ``[B, *data_shape]`` or ``c_noise`` is not ``[B]``.
         """
-        require(x.ndim == 4 and tuple(x.shape[1:]) == self.data_shape, "x",
-                f"of shape [B, *{self.data_shape}]", x.shape)
-        require(c_noise.shape == (x.shape[0],), "c_noise", f"of shape ({x.shape[0]},)",
-                c_noise.shape)
+        require(
+            x.ndim == 4 and tuple(x.shape[1:]) == self.data_shape,
+            "x",
+            f"of shape [B, *{self.data_shape}]",
+            x.shape,
+        )
+        require(
+            c_noise.shape == (x.shape[0],), "c_noise", f"of shape ({x.shape[0]},)", c_noise.shape
+        )
         emb = self.emb2(jax.nn.silu(self.emb1(self.embed(c_noise))))
 
         h = self.conv_in(x)
@@ -310,6 +315,37 @@ class UNet(nnx.Module):
             if level.resample is not None:
                 h = level.resample(h, skips[-1].shape[1:3])
         return self.conv_out(jax.nn.silu(self.norm_out(h)))
+
+    def features(self, x, c_noise):
+        """The encoder's feature maps, one per resolution, for a discriminator head.
+
+        Runs the encoder and the middle block of :meth:`__call__` (no dropout) and returns
+        the output of each level's last residual stage (before its downsampling) and of
+        the middle block: ``[B, H_l, W_l, C_l]`` for the resolutions in ``resolutions``
+        plus the bottleneck (the discriminator inputs of Xu et al. 2025, Table 5).
+
+        Raises:
+          ValueError: as :meth:`__call__`.
+        """
+        require(
+            x.ndim == 4 and tuple(x.shape[1:]) == self.data_shape,
+            "x",
+            f"of shape [B, *{self.data_shape}]",
+            x.shape,
+        )
+        emb = self.emb2(jax.nn.silu(self.emb1(self.embed(c_noise))))
+        h = self.conv_in(x)
+        out = []
+        for level in self.down:
+            for st in level.stages:
+                h = st(h, emb)
+            out.append(h)
+            if level.resample is not None:
+                h = level.resample(h)
+        for st in self.mid:
+            h = st(h, emb)
+        out.append(h)
+        return out
 
 
 def _pos_int(v) -> bool:

@@ -127,11 +127,11 @@ class EDMLoss(Objective):
 
     def __post_init__(self):
         inf = math.inf
-        check_real(self.P_mean, "objective.P_mean", low=-inf, high=inf, low_open=True,
-                   high_open=True)
+        check_real(
+            self.P_mean, "objective.P_mean", low=-inf, high=inf, low_open=True, high_open=True
+        )
         check_real(self.P_std, "objective.P_std", low=0.0, low_open=True, high_open=True)
-        check_real(self.sigma_data, "objective.sigma_data", low=0.0, low_open=True,
-                   high_open=True)
+        check_real(self.sigma_data, "objective.sigma_data", low=0.0, low_open=True, high_open=True)
         check_choice(self.reduce, "objective.reduce", REDUCTIONS)
 
     def example_losses(self, source, x0, key):

@@ -144,8 +144,9 @@ def _check_gaussian(gaussian) -> None:
     )
 
 
-def gaussian_flow(gaussian: GaussianScore, x: Array, *, sigma_from: Array, sigma_to: Array
-                  ) -> Array:
+def gaussian_flow(
+    gaussian: GaussianScore, x: Array, *, sigma_from: Array, sigma_to: Array
+) -> Array:
     """Closed-form solution of the Gaussian probability-flow ODE between two noise levels.
 
     Wang & Vastola 2024, eq. 8 (``edm_x_t_traj`` in their code), with the isotropic

@@ -29,8 +29,14 @@ Array = Any
 
 
 def mixture_terms(
-    x: Array, *, log_weights: Array, means: Array, eigvecs: Array, eigvals: Array,
-    alpha: Array = 1.0, sigma: Array = 0.0,
+    x: Array,
+    *,
+    log_weights: Array,
+    means: Array,
+    eigvecs: Array,
+    eigvals: Array,
+    alpha: Array = 1.0,
+    sigma: Array = 0.0,
 ) -> tuple[Array, Array]:
     """Per-component joint log-densities and scores of a noised Gaussian mixture.
 
@@ -58,9 +64,7 @@ def mixture_terms(
     diff = x[:, None, :] - alpha * means[None]  # [b, K, d]
     coef = jnp.einsum("bkd,kde->bke", diff, eigvecs)  # eigen-coordinates
     d = x.shape[-1]
-    logp = -0.5 * (
-        jnp.sum(coef**2 / var, -1) + jnp.sum(jnp.log(var), -1) + d * jnp.log(2 * jnp.pi)
-    )
+    logp = -0.5 * (jnp.sum(coef**2 / var, -1) + jnp.sum(jnp.log(var), -1) + d * jnp.log(2 * jnp.pi))
     comp_score = -jnp.einsum("bke,kde->bkd", coef / var, eigvecs)
     return logp + log_weights, comp_score
 
@@ -146,8 +150,13 @@ class MixtureScore(ScoreSource):
         a = broadcast_to_data(self.process.alpha(t), xf)[..., None]  # [batch or 1, 1, 1]
         s = broadcast_to_data(self.process.sigma(t), xf)[..., None]
         return mixture_terms(
-            xf, log_weights=self.log_weights, means=self.means, eigvecs=self.eigvecs,
-            eigvals=self.eigvals, alpha=a, sigma=s,
+            xf,
+            log_weights=self.log_weights,
+            means=self.means,
+            eigvecs=self.eigvecs,
+            eigvals=self.eigvals,
+            alpha=a,
+            sigma=s,
         )
 
     def log_prob(self, x, t):

@@ -84,6 +84,7 @@ def test_reproduce_without_a_table_is_one_line(tmp_path):
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [
         "error: table= is required; choose one of "
-        "['cfdm', 'gaussian_teleport', 'gaussian_teleport_cifar10', 'tsm_low_noise']"
+        "['cfdm', 'fdistill_digits', 'fdistill_gmm', 'gaussian_teleport', "
+        "'gaussian_teleport_cifar10', 'tsm_low_noise']"
     ]
     assert not run_dir.exists()  # nothing left behind

@@ -32,7 +32,8 @@ def test_process_weights_match_closed_forms(p):
     sd = 0.7
     mean_sq_score = 1.0 / (a**2 * sd**2 + s**2)
     np.testing.assert_allclose(
-        weights.relative_weight(process=p, t=tj, sigma_d=sd), 1.0 / (sd**2 * mean_sq_score),
+        weights.relative_weight(process=p, t=tj, sigma_d=sd),
+        1.0 / (sd**2 * mean_sq_score),
         rtol=5e-4,
     )
     k = np.linspace(0.0, 1.0, t.size)

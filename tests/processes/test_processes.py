@@ -116,7 +116,7 @@ def test_g2_is_the_marginal_identity_by_autodiff(p):
         np.testing.assert_allclose(p.g2(t), g2_auto, rtol=1e-9)
         # and through the log-SNR: g^2 = -sigma^2 d log_snr / dt
         dlam = jax.vmap(jax.grad(p.log_snr))(t)
-        np.testing.assert_allclose(p.g2(t), -p.sigma(t) ** 2 * dlam, rtol=1e-9)
+        np.testing.assert_allclose(p.g2(t), -(p.sigma(t) ** 2) * dlam, rtol=1e-9)
 
 
 @pytest.mark.parametrize("p", ALL, ids=repr)

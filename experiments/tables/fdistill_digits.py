@@ -1,0 +1,243 @@
+"""f-distill on the digits: ``python -m experiments.reproduce table=fdistill_digits``.
+
+The teacher is an ``experiments.train`` run of the digits (``table.teacher``, or trained
+here into ``<run_dir>/teacher``); each student is an ``experiments.distill`` run
+(``<run_dir>/runs/<divergence>``, resumed if present). Rows: the teacher at 35 NFE
+(Heun) and at few NFE (DPM-Solver++(2M)), then the one-step students; columns: FD in
+classifier features against the test digits, its floor, memorisation, and the paper's
+CIFAR-10 FID (Xu, Nie and Vahdat 2025, Table 2) for reference. The module runs the
+library and reports; every number comes from ``experiments.evaluate.evaluate_images``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from experiments.tables.common import pm
+from scorelib import distill
+from scorelib._io import atomic_write_text
+
+#: CIFAR-10 one-step FID and the teacher's (Xu et al. 2025, Table 2), for reference.
+PAPER_FID = {
+    "teacher_35": 1.79,
+    "rkl": 2.13,
+    "sf": 2.21,
+    "sh": 1.99,
+    "js": 2.00,
+    "jf": 2.05,
+    "kl": 1.92,
+}
+
+
+def _settings(cfg: DictConfig) -> DictConfig:
+    tc = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    scale = tc.get("scale", "full")
+    if scale not in ("full", "smoke"):
+        raise ValueError(f"table.scale must be full or smoke; got {scale!r}")
+    if scale == "smoke":
+        tc = OmegaConf.merge(tc, tc.smoke)
+    for d in tc.divergences:
+        distill.check_divergence(d, "table.divergences")
+    if tc.teacher is not None and not (Path(tc.teacher) / "config.yaml").is_file():
+        raise FileNotFoundError(f"table.teacher={tc.teacher}: not an experiments.train run")
+    return tc
+
+
+def teacher_run(tc, run_dir: Path, log) -> Path:
+    """The teacher run directory: ``table.teacher``, or one trained here."""
+    if tc.teacher is not None:
+        return Path(tc.teacher)
+    import hydra
+
+    from experiments.train import train_in
+
+    out = run_dir / "teacher"
+    log(f"[teacher] training {out}")
+    cfg = hydra.compose("train", overrides=list(tc.teacher_overrides))
+    train_in(out, cfg, progress=False, handle_signals=False, tensorboard=False)
+    return out
+
+
+def teacher_samples(teacher_dir: Path, tc, seed: int, log) -> dict:
+    """``{row: samples}`` of the teacher: Heun at 35 NFE and DPM-Solver++(2M) at few NFE."""
+    from experiments.build import Sampling
+    from experiments.sample import load_run
+    from scorelib.samplers import draw_samples, get_sampler, make_grid
+
+    run, state = load_run(teacher_dir)
+    source = run.source(state.ema_params)
+    rows = {}
+    plans = [("heun", int(tc.teacher_heun_steps))] + [("dpmpp_2m", n) for n in tc.few_step_nfe]
+    for name, steps in plans:
+        grid = make_grid("edm", steps, run.process)
+        sampling = Sampling(name, get_sampler(name), grid, {"float64": False})
+        x, info = draw_samples(
+            sampling,
+            source,
+            jax.random.key(seed),
+            run.data.data_shape,
+            num_samples=int(tc.samples),
+            batch_size=int(tc.batch_size),
+        )
+        label = f"teacher, {'Heun' if name == 'heun' else 'DPM-Solver++(2M)'}"
+        rows[(label, int(info["nfe"]), name == "heun")] = x
+        log(f"[teacher] {label} NFE {info['nfe']}")
+    return rows, run
+
+
+def student(tc, divergence: str, teacher_dir: Path, run_dir: Path, log):
+    import hydra
+
+    from experiments.distill import distill_in
+
+    overrides = [
+        "experiment=fdistill_digits",
+        f"teacher.run_dir={teacher_dir}",
+        f"distill.divergence={divergence}",
+        *tc.overrides,
+    ]
+    out = run_dir / "runs" / divergence
+    log(f"[{divergence}] {out}")
+    cfg = hydra.compose("distill", overrides=overrides)
+    return distill_in(out, cfg, progress=False, handle_signals=False, tensorboard=False)
+
+
+def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
+    """Teacher, students, metrics; writes ``results.json`` and ``figure.png``."""
+    from experiments.evaluate import evaluate_images
+
+    tc = _settings(cfg)
+    run_dir = Path(run_dir)
+    teacher_dir = teacher_run(tc, run_dir, log)
+    results, figs = [], {}
+    for seed in tc.seeds:
+        rows, trun = teacher_samples(teacher_dir, tc, int(seed), log)
+        for d in tc.divergences:
+            srun, state = student(tc, d, teacher_dir, run_dir, log)
+            x = srun.sample(state.ema_params, int(tc.samples), int(seed), int(tc.batch_size))
+            rows[(f"student, {distill.describe(d)}", 1, d)] = x
+        for (label, nfe, key), x in rows.items():
+            r = evaluate_images(x, trun.data.images, "digits", seed=int(seed), progress=True)
+            r.update(
+                label=label,
+                nfe=nfe,
+                key=key if isinstance(key, str) else ("teacher_35" if key else None),
+                seed=int(seed),
+            )
+            results.append(r)
+            if seed == tc.seeds[0]:
+                figs[f"{label} ({nfe} NFE)"] = x[:64]
+    atomic_write_text(run_dir / "results.json", json.dumps(results, indent=1, default=str))
+    fig = run_dir / "figure.png"
+    make_figure(figs, fig)
+    return report(results, tc, teacher_dir, fig)
+
+
+def report(results: list, tc, teacher_dir: Path, fig: Path) -> dict:
+    labels = list(dict.fromkeys((r["label"], r["nfe"]) for r in results))
+    cols = [
+        "model",
+        "NFE",
+        "FD (digits classifier)",
+        "FD floor",
+        "FD / teacher-35 FD",
+        "C2ST accuracy (features; 0.5 = indistinguishable)",
+        "recall (features)",
+        "nearest-train distance (samples / test)",
+        "copy rate",
+        "CIFAR-10 FID (paper)",
+        "CIFAR-10 recall (paper)",
+    ]
+    teacher_fd = np.mean([r["fd"] for r in results if r["key"] == "teacher_35"])
+    rows = []
+    paper_recall = {
+        "teacher_35": 0.63,
+        "rkl": 0.60,
+        "sf": 0.60,
+        "sh": 0.63,
+        "js": 0.62,
+        "jf": 0.62,
+        "kl": 0.62,
+    }
+    for label, nfe in labels:
+        rs = [r for r in results if (r["label"], r["nfe"]) == (label, nfe)]
+        fd = np.array([r["fd"] for r in rs])
+        c2st = float(np.mean([r["c2st_features_samples"] for r in rs]))
+        recall = float(np.mean([r["recall_features_samples"] for r in rs]))
+        mem = float(np.mean([r["mem_nn_mean_ratio"] for r in rs]))
+        copy = float(np.mean([r["mem_copy_rate"] for r in rs]))
+        rows.append(
+            [
+                label,
+                nfe,
+                pm(fd.mean(), fd.std()),
+                pm(np.mean([r["fd_floor"] for r in rs]), np.mean([r["fd_floor_std"] for r in rs])),
+                float(fd.mean() / teacher_fd),
+                c2st,
+                recall,
+                mem,
+                copy,
+                PAPER_FID.get(rs[0]["key"]),
+                paper_recall.get(rs[0]["key"]),
+            ]
+        )
+    students = [r for r in results if r["nfe"] == 1 and str(r["label"]).startswith("student")]
+    best = min(students, key=lambda r: r["fd"]) if students else None
+    notes = [
+        f"Teacher: {teacher_dir}; students: `experiments.distill "
+        f"experiment=fdistill_digits` with the overrides {list(tc.overrides)}.",
+        f"{tc.samples} samples per row; FD in the bundled digits classifier's features "
+        "against the test split; the floor is the FD of as many training images.",
+    ]
+    if best is not None:
+        notes.append(
+            f"Best one-step student: {best['label']}, FD {best['fd']:.3g} = "
+            f"{best['fd'] / teacher_fd:.2f}x the teacher's at 35 NFE (target <= 1.2x; "
+            "the paper: 1.07x on CIFAR-10)."
+        )
+    return {
+        "seeds": [int(s) for s in tc.seeds],
+        "tables": [
+            {
+                "name": "summary",
+                "caption": "One-step f-distill students of the "
+                "digits EDM teacher beside the teacher at 35 and few NFE.",
+                "columns": cols,
+                "rows": rows,
+            }
+        ],
+        "notes": notes,
+        "figure": str(fig),
+    }
+
+
+def make_figure(samples: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from scorelib._io import atomic_open
+
+    fig, axes = plt.subplots(1, len(samples), figsize=(2.2 * len(samples), 2.5), squeeze=False)
+    for ax, (name, x) in zip(axes[0], samples.items(), strict=True):
+        n = int(np.ceil(np.sqrt(len(x))))
+        h, w = x.shape[1:3]
+        canvas = np.ones((n * (h + 1), n * (w + 1)))
+        for i, img in enumerate(x):
+            r, c = divmod(i, n)
+            canvas[r * (h + 1) : r * (h + 1) + h, c * (w + 1) : c * (w + 1) + w] = (
+                np.clip(img[..., 0], -1, 1) + 1
+            ) / 2
+        ax.imshow(canvas, cmap="gray", vmin=0, vmax=1)
+        ax.set_title(name, fontsize=6)
+        ax.axis("off")
+    fig.tight_layout()
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, dpi=120, format="png")
+    plt.close(fig)

@@ -1,0 +1,134 @@
+"""The one-step generator and the discriminator head (Xu, Nie and Vahdat 2025, Sec. 4).
+
+* Generator: an EDM-preconditioned network evaluated once at the noise level
+  ``sigma_g``: ``G(z) = D_theta(sigma_g z; sigma_g)`` with ``z ~ N(0, I)`` (Karras et al.
+  2022, eq. 7; the student is initialised from the teacher network when there is one).
+* Discriminator: light heads on features of the noisy input, one logit per head. The
+  features are the frozen teacher network's (``MLP.features``: its hidden layers;
+  ``UNet.features``: one feature map per resolution and the bottleneck), or, for a teacher
+  without a network (an analytic or empirical score), those of a trainable ``backbone``
+  network owned by the discriminator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from scorelib._checks import check_int, require
+from scorelib.nets.precond import edm_precond
+from scorelib.processes.base import broadcast_to_data
+from scorelib.scores.network import preconditioned_denoiser
+
+Array = Any
+
+
+def generate(graphdef, params, z: Array, sigma_g: float, sigma_data: float) -> Array:
+    """One-step sample ``G(z) = D(sigma_g z; sigma_g)`` of the preconditioned network.
+
+    Args:
+      graphdef, params: the student network (``nnx.split(model, nnx.Param)``).
+      z: ``[batch, *data_shape]`` standard normal noise.
+      sigma_g: the generator's input noise level (data units, > 0; EDM: 80).
+      sigma_data: the preconditioning's data standard deviation.
+
+    Returns:
+      ``[batch, *data_shape]`` samples in data units.
+    """
+    sigma = jnp.full((z.shape[0],), sigma_g, jnp.float32)
+    return preconditioned_denoiser(graphdef, params, sigma_g * z, sigma, sigma_data)
+
+
+def network_inputs(process, x: Array, t: Array, sigma_data: float) -> tuple[Array, Array]:
+    """``(c_in x / alpha(t), c_noise)``: what a preconditioned network sees at ``(x, t)``.
+
+    ``x: [batch, *data_shape]``, ``t`` scalar or ``[batch]`` -> (``[batch, *data_shape]``,
+    ``[batch]``) (Karras et al. 2022, Table 1, in the VE frame of ``scores.network``).
+    """
+    c = edm_precond(process.ve_sigma(t), sigma_data)
+    x_ve = x / broadcast_to_data(process.alpha(t), x)
+    return broadcast_to_data(c.c_in, x) * x_ve, jnp.broadcast_to(c.c_noise, (x.shape[0],))
+
+
+def network_features(graphdef, params, x_in: Array, c_noise: Array) -> list[Array]:
+    """``net.features(x_in, c_noise)`` of a split network (``MLP`` or ``UNet``)."""
+    return nnx.merge(graphdef, params).features(x_in, c_noise)
+
+
+class _VectorHead(nnx.Module):
+    """``[batch, c] -> [batch]``: LayerNorm, SiLU, Linear(width), SiLU, Linear(1)."""
+
+    def __init__(self, c: int, width: int, *, rngs: nnx.Rngs):
+        self.norm = nnx.LayerNorm(c, rngs=rngs)
+        self.l1 = nnx.Linear(c, width, rngs=rngs)
+        self.l2 = nnx.Linear(width, 1, rngs=rngs)
+
+    def __call__(self, f):
+        return self.l2(jax.nn.silu(self.l1(jax.nn.silu(self.norm(f)))))[:, 0]
+
+
+class _ConvHead(nnx.Module):
+    """``[batch, H, W, c] -> [batch]``: stride-2 4x4 convolutions (GroupNorm, SiLU) down to
+    at most 4x4, a spatial mean, then a linear logit (the heads of Xu et al. 2025, App. B,
+    with the final 4x4 -> 1 convolution replaced by a mean)."""
+
+    def __init__(self, c: int, hw: int, width: int, *, rngs: nnx.Rngs):
+        convs, norms, cin = [], [], c
+        while hw > 4 or not convs:
+            norms.append(nnx.GroupNorm(cin, num_groups=max(1, min(32, cin // 4)), rngs=rngs))
+            convs.append(nnx.Conv(cin, width, (4, 4), strides=2 if hw > 4 else 1, rngs=rngs))
+            cin, hw = width, (hw + 1) // 2 if hw > 4 else hw
+        self.norms, self.convs = nnx.List(norms), nnx.List(convs)
+        self.out = nnx.Linear(width, 1, rngs=rngs)
+
+    def __call__(self, f):
+        for norm, conv in zip(self.norms, self.convs, strict=True):
+            f = conv(jax.nn.silu(norm(f)))
+        return self.out(jnp.mean(jax.nn.silu(f), axis=(1, 2)))[:, 0]
+
+
+class Discriminator(nnx.Module):
+    """Heads on a list of features; ``__call__`` returns ``[batch, heads]`` logits.
+
+    Args:
+      feature_shapes: the per-example shapes of the features, ``(c,)`` (MLP) or
+        ``(H, W, c)`` (U-Net), one head each.
+      width: hidden units (channels) of each head (>= 1).
+      backbone: a network with ``features(x_in, c_noise)`` (``scorelib.nets.MLP`` or
+        ``UNet``), trained with the heads, for teachers without a network; ``None``: the
+        features are passed in (the frozen teacher's).
+
+    Raises:
+      ValueError: naming ``distill.disc_width``, or a feature that is neither ``(c,)`` nor
+        ``(H, W, c)``.
+    """
+
+    def __init__(
+        self,
+        feature_shapes: Sequence[tuple[int, ...]],
+        width: int = 128,
+        backbone: nnx.Module | None = None,
+        *,
+        rngs: nnx.Rngs,
+    ):
+        check_int(width, "distill.disc_width", low=1)
+        heads = []
+        for shape in feature_shapes:
+            require(len(shape) in (1, 3), "discriminator feature shape", "(c,) or (H, W, c)", shape)
+            if len(shape) == 1:
+                heads.append(_VectorHead(shape[0], width, rngs=rngs))
+            else:
+                heads.append(_ConvHead(shape[-1], shape[0], width, rngs=rngs))
+        self.heads = nnx.List(heads)
+        self.backbone = backbone
+
+    def __call__(self, x_in: Array, c_noise: Array, features: list[Array] | None = None):
+        """Logits ``[batch, heads]`` from ``features``, or from the backbone at
+        ``(x_in, c_noise)`` (preconditioned inputs, :func:`network_inputs`)."""
+        if self.backbone is not None:
+            features = self.backbone.features(x_in, c_noise)
+        return jnp.stack([head(f) for head, f in zip(self.heads, features, strict=True)], -1)

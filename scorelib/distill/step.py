@@ -1,0 +1,370 @@
+"""The distillation state and its jitted step: alternating student and critic updates.
+
+One step, for state ``s`` with ``i = s.step`` (Xu, Nie and Vahdat 2025, Alg. 1; DMD2,
+Yin et al. 2024, Sec. 4)::
+
+    per example b (keys fold_in(fold_in(s.key, i), b)):
+      z ~ N(0, I); g = G(z)                               # student sample, one evaluation
+      ve_sigma ~ rho-spaced on [sigma_min, sigma_max]; t = t_of_ve_sigma(ve_sigma)
+      x_t = alpha(t) g + sigma(t) eps                      # noised student sample
+      x_r = alpha(t') x_real + sigma(t') eps'              # data, independent t'
+    r   = ratio_from_logits(D(x_t)) / bin_mean             # stage 1 (per noise-level bin)
+    h   = h_f(r) / mean(h)                                 # stage 2 (batch)
+    if i % student_every == 0:   update the student on
+        mean[0.5 |g - sg(g - w h (x_fake - x_teacher))|^2] + gan_weight mean softplus(-D(x_t))
+    else:                        update the fake score and the discriminator on
+        mean |x_fake(sg x_t) - sg g|^2 + mean[softplus(D(x_t)) + softplus(-D(x_r))]
+                                 + r1_weight mean |D(x_r) - D(x_r + r1_noise n)|^2
+
+The per-bin ratio means are updated on student steps only (where they are used). All
+losses are evaluated every step and logged; only the branch's own parameters move. As in
+``scorelib.training.step``, a step whose loss or gradient norm is non-finite applies no
+update and is recorded in ``first_nonfinite`` / ``n_skipped``, so the loop
+(``scorelib.training.train``) stops with the step number or skips it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+
+from scorelib._checks import check_int, check_real, require
+from scorelib._pytree import static_pytree
+from scorelib.distill import losses, ratio
+from scorelib.distill.divergences import check_divergence, h_weight
+from scorelib.distill.networks import generate, network_features, network_inputs
+from scorelib.keys import example_keys
+from scorelib.scores.network import NetworkScore
+from scorelib.training.ema import EMA, ema_update
+
+Array = Any
+sg = jax.lax.stop_gradient
+
+
+@static_pytree
+@dataclasses.dataclass(frozen=True)
+class DistillConfig:
+    """The options of f-distill; validated when built (errors name ``distill.<field>``).
+
+    Attributes:
+      divergence: one of ``scorelib.distill.DIVERGENCES`` (``'kl'`` forward-KL, ...).
+      student_every: the student is updated when ``step % student_every == 0``, the fake
+        score and discriminator on the other steps (>= 1; the paper: 5). With 1 the
+        critics never move.
+      gan_weight: weight of the non-saturating GAN term in the student loss (>= 0;
+        the paper: 1e-3 on CIFAR-10).
+      r1_weight, r1_noise: approximate R1 penalty ``r1_weight |D(x_r) - D(x_r + r1_noise
+        n)|^2`` on the discriminator (>= 0 and > 0; off when ``r1_weight = 0``).
+      logit_clip, ratio_min, ratio_max: clipping of the logits and ratios (10, 0.1, 20).
+      ratio_bins, ratio_ema: number of equal-width noise-level bins of the stage-1
+        normalisation (>= 1) and the EMA rate of their means in [0, 1) (0: this batch).
+      sigma_min, sigma_max, rho: the noise levels (VE frame, data units) of the losses,
+        drawn as ``(sigma_max^(1/rho) + u (sigma_min^(1/rho) - sigma_max^(1/rho)))^rho``,
+        ``u ~ U(0, 1)`` (the continuous form of the authors' draw from a rho = 7 grid).
+      sigma_g: the generator's input noise level (data units, > 0; EDM: 80).
+    """
+
+    divergence: str = "kl"
+    student_every: int = 5
+    gan_weight: float = 1e-3
+    r1_weight: float = 0.0
+    r1_noise: float = 0.1
+    logit_clip: float = 10.0
+    ratio_min: float = 0.1
+    ratio_max: float = 20.0
+    ratio_bins: int = 10
+    ratio_ema: float = 0.0
+    sigma_min: float = 0.002
+    sigma_max: float = 80.0
+    rho: float = 7.0
+    sigma_g: float = 80.0
+
+    def __post_init__(self):
+        check_divergence(self.divergence)
+        check_int(self.student_every, "distill.student_every", low=1)
+        check_real(self.gan_weight, "distill.gan_weight", low=0.0)
+        check_real(self.r1_weight, "distill.r1_weight", low=0.0)
+        check_real(self.r1_noise, "distill.r1_noise", low=0.0, low_open=True)
+        check_real(self.logit_clip, "distill.logit_clip", low=0.0, low_open=True)
+        check_real(self.ratio_min, "distill.ratio_min", low=0.0, low_open=True)
+        check_real(self.ratio_max, "distill.ratio_max", low=self.ratio_min, low_open=True)
+        check_int(self.ratio_bins, "distill.ratio_bins", low=1)
+        check_real(self.ratio_ema, "distill.ratio_ema", low=0.0, high=1.0, high_open=True)
+        check_real(self.sigma_min, "distill.sigma_min", low=0.0, low_open=True)
+        check_real(self.sigma_max, "distill.sigma_max", low=self.sigma_min, low_open=True)
+        check_real(self.rho, "distill.rho", low=0.0, low_open=True)
+        check_real(self.sigma_g, "distill.sigma_g", low=0.0, low_open=True)
+
+    def draw_ve_sigma(self, u: Array) -> Array:
+        """Noise levels from ``u`` in [0, 1] (same shape): rho-spaced, ``u = 0`` is sigma_max."""
+        a, b = self.sigma_max ** (1 / self.rho), self.sigma_min ** (1 / self.rho)
+        return (a + u * (b - a)) ** self.rho
+
+
+class DistillState(struct.PyTreeNode):
+    """Everything a resumed distillation needs, as one pytree (checkpointed whole).
+
+    Attributes:
+      params: ``{'student', 'fake', 'disc'}`` parameter states.
+      ema_params: EMA of ``params['student']`` (the sampled generator).
+      opt_state: ``{'student', 'fake', 'disc'}`` optax states.
+      ratio_means: ``[ratio_bins]`` float32 per-bin mean ratios of the stage-1
+        normalisation (1 before the first student step).
+      step, key, n_skipped, first_nonfinite: as ``scorelib.training.TrainState``.
+    """
+
+    params: Any
+    ema_params: Any
+    opt_state: Any
+    ratio_means: jax.Array
+    step: jax.Array
+    key: jax.Array
+    n_skipped: jax.Array
+    first_nonfinite: jax.Array
+
+    @property
+    def rng(self) -> jax.Array:
+        return jax.random.wrap_key_data(self.key)
+
+
+PARTS = ("student", "fake", "disc")
+
+
+def make_optimizer(lr: float, weight_decay: float, b1: float = 0.9, b2: float = 0.999):
+    """AdamW (Loshchilov and Hutter 2019), the paper's optimiser (lr 1e-4, wd 0.01).
+
+    Raises:
+      ValueError: naming ``optim.lr``, ``optim.weight_decay``, ``optim.b1``, ``optim.b2``.
+    """
+    check_real(lr, "optim.lr", low=0.0, low_open=True)
+    check_real(weight_decay, "optim.weight_decay", low=0.0)
+    check_real(b1, "optim.b1", low=0.0, high=1.0, high_open=True)
+    check_real(b2, "optim.b2", low=0.0, high=1.0, high_open=True)
+    return optax.adamw(lr, b1=b1, b2=b2, weight_decay=weight_decay)
+
+
+def init_distill_state(params: dict, optimizers: dict, cfg: DistillConfig, seed: int):
+    """A fresh :class:`DistillState` at step 0.
+
+    Args:
+      params: ``{'student', 'fake', 'disc'}`` parameter states (copied).
+      optimizers: ``{'student', 'fake', 'disc'}`` optax transformations.
+      cfg: the :class:`DistillConfig` (for ``ratio_bins``).
+      seed: the base key's seed.
+    """
+    require(set(params) == set(PARTS), "params", f"a dict with keys {PARTS}", sorted(params))
+    copy = lambda tree: jax.tree.map(lambda x: jnp.array(x, copy=True), tree)  # noqa: E731
+    params = {k: copy(params[k]) for k in PARTS}
+    return DistillState(
+        params=params,
+        ema_params=copy(params["student"]),
+        opt_state={k: optimizers[k].init(params[k]) for k in PARTS},
+        ratio_means=jnp.ones((cfg.ratio_bins,), jnp.float32),
+        step=jnp.zeros((), jnp.int32),
+        key=jax.random.key_data(jax.random.key(seed)),
+        n_skipped=jnp.zeros((), jnp.int32),
+        first_nonfinite=jnp.full((), -1, jnp.int32),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Networks:
+    """The graph definitions of the distillation's networks.
+
+    Attributes:
+      model: graphdef of the student and the fake score (same architecture).
+      disc: graphdef of the :class:`~scorelib.distill.Discriminator`.
+      teacher_net: ``(graphdef, params)`` of the teacher network whose features feed the
+        discriminator, or ``None`` when the discriminator has its own backbone.
+      sigma_data: the preconditioning's data standard deviation.
+    """
+
+    model: Any
+    disc: Any
+    teacher_net: tuple | None
+    sigma_data: float
+
+
+def _select(pred, new, old):
+    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
+
+
+def make_distill_step(
+    teacher,
+    nets: Networks,
+    cfg: DistillConfig,
+    optimizers: dict,
+    ema: EMA,
+    batch_fn: Callable[[jax.Array], jax.Array],
+    batch_size: int,
+    data_shape: tuple[int, ...],
+    *,
+    jit: bool = True,
+) -> Callable[[DistillState], tuple[DistillState, dict]]:
+    """Build ``step(state) -> (state, metrics)`` (see the module docstring).
+
+    Args:
+      teacher: a ``ScoreSource`` (network, Gaussian, mixture, empirical); its
+        ``process`` is the distillation's.
+      nets: the networks' graph definitions (:class:`Networks`).
+      cfg: :class:`DistillConfig`.
+      optimizers: ``{'student', 'fake', 'disc'}`` optax transformations.
+      ema: EMA of the student.
+      batch_fn: ``step -> [batch_size, *data_shape]`` real data (traceable).
+      batch_size: examples per step (>= 1).
+      data_shape: shape of one example.
+      jit: compile with the state donated.
+
+    Returns:
+      ``step``. Its metrics (float32 scalars): ``loss`` (the updated part's),
+      ``loss_student``, ``loss_fake``, ``loss_disc``, ``student_step`` (1 or 0),
+      ``grad_norm``, ``finite``, ``ema_beta``, ``r_mean``, ``r_min``, ``r_max`` (ratios
+      after clipping, before normalisation), ``h_max`` (largest normalised weight) and
+      ``ratio_bin<k>`` (the per-bin means after the step).
+    """
+    check_int(batch_size, "trainer.batch_size", low=1)
+    process = teacher.process
+    sd = nets.sigma_data
+    B, shape = batch_size, tuple(data_shape)
+
+    def draws(key, i):
+        keys = example_keys(jax.random.fold_in(key, i), B)
+
+        def one(k):
+            kz, ku, ke, kur, ker, k1 = jax.random.split(k, 6)
+            n = lambda kk: jax.random.normal(kk, shape)  # noqa: E731
+            return n(kz), jax.random.uniform(ku), n(ke), jax.random.uniform(kur), n(ker), n(k1)
+
+        return jax.vmap(one)(keys)
+
+    def noised(x0, u, eps):
+        ve_sigma = cfg.draw_ve_sigma(u)
+        t = process.t_of_ve_sigma(ve_sigma)
+        x_t = process.marginal_sample(x0, t, eps)
+        return x_t, t, ve_sigma
+
+    def logits_at(disc_params, x, t):
+        x_in, c_noise = network_inputs(process, x, t, sd)
+        feats = None
+        if nets.teacher_net is not None:
+            feats = network_features(*nets.teacher_net, x_in, c_noise)
+        return nnx.merge(nets.disc, disc_params)(x_in, c_noise, feats)
+
+    def forward(params, state, d):
+        """Every quantity of the step; the gradient paths are those of the losses."""
+        z, u, eps, u_r, eps_r, n_r1 = d
+        g = generate(nets.model, params["student"], z, cfg.sigma_g, sd)
+        x_t, t, ve_sigma = noised(g, u, eps)
+        x_teacher = sg(teacher.denoiser(sg(x_t), t))
+        fake = NetworkScore(
+            process=process, graphdef=nets.model, params=params["fake"], sigma_data=sd
+        )
+        x_fake = fake.denoiser(sg(x_t), t)
+        logits_fake = logits_at(params["disc"], x_t, t)
+        # density ratio and weights
+        r = ratio.ratio_from_logits(
+            logits_fake, logit_clip=cfg.logit_clip, ratio_min=cfg.ratio_min, ratio_max=cfg.ratio_max
+        )
+        index = ratio.bin_index(ve_sigma, cfg.sigma_min, cfg.sigma_max, cfg.ratio_bins)
+        means = ratio.bin_means(r, index, cfg.ratio_bins, state.ratio_means, cfg.ratio_ema)
+        h = ratio.normalise_weights(
+            h_weight(cfg.divergence, ratio.normalise_ratio(r, index, means))
+        )
+        w = losses.dmd_weight(g, x_teacher)
+        l_student = jnp.mean(losses.student_example_losses(g, x_teacher, x_fake, h, w))
+        l_gan = jnp.mean(losses.gan_generator_losses(logits_fake))
+        x_real = batch_fn(state.step)
+        x_r, t_r, _ = noised(x_real, u_r, eps_r)
+        logits_real = logits_at(params["disc"], x_r, t_r)
+        l_disc = jnp.mean(
+            losses.discriminator_losses(logits_at(params["disc"], sg(x_t), t), logits_real)
+        )
+        if cfg.r1_weight > 0:
+            x_r1 = x_r + cfg.r1_noise * n_r1
+            l_disc = l_disc + cfg.r1_weight * jnp.mean(
+                (logits_real - logits_at(params["disc"], x_r1, t_r)) ** 2
+            )
+        l_fake = jnp.mean(losses.fake_score_example_losses(x_fake, g))
+        terms = {
+            "loss_student": l_student + cfg.gan_weight * l_gan,
+            "loss_fake": l_fake,
+            "loss_disc": l_disc,
+        }
+        diag = {
+            "r_mean": jnp.mean(r),
+            "r_min": jnp.min(r),
+            "r_max": jnp.max(r),
+            "h_max": jnp.max(h),
+        }
+        return terms, diag, means
+
+    def update(state, parts, d):
+        def loss_fn(sub):
+            params = {**state.params, **sub}
+            terms, diag, means = forward(params, state, d)
+            if parts == ("student",):
+                loss = terms["loss_student"]
+            else:
+                loss = terms["loss_fake"] + terms["loss_disc"]
+            return loss, (terms, diag, means)
+
+        sub = {k: state.params[k] for k in parts}
+        (loss, (terms, diag, means)), grads = jax.value_and_grad(loss_fn, has_aux=True)(sub)
+        grad_norm = optax.tree.norm(grads)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        params, opt_state = dict(state.params), dict(state.opt_state)
+        for k in parts:
+            upd, new_opt = optimizers[k].update(grads[k], state.opt_state[k], state.params[k])
+            params[k] = _select(finite, optax.apply_updates(state.params[k], upd), state.params[k])
+            opt_state[k] = _select(finite, new_opt, state.opt_state[k])
+        beta = ema.beta(state.step)
+        if parts == ("student",):
+            ema_params = _select(
+                finite, ema_update(state.ema_params, params["student"], beta), state.ema_params
+            )
+            ratio_means = jnp.where(finite, means, state.ratio_means)
+        else:
+            ema_params, ratio_means = state.ema_params, state.ratio_means
+        new = state.replace(
+            params=params, opt_state=opt_state, ema_params=ema_params, ratio_means=ratio_means
+        )
+        out = dict(
+            terms,
+            **diag,
+            loss=loss,
+            grad_norm=grad_norm,
+            finite=finite,
+            ema_beta=beta,
+            student_step=jnp.asarray(parts == ("student",)),
+        )
+        return new, out
+
+    def step(state: DistillState):
+        i = state.step
+        d = draws(state.rng, i)
+        new, out = jax.lax.cond(
+            i % cfg.student_every == 0,
+            lambda s: update(s, ("student",), d),
+            lambda s: update(s, ("fake", "disc"), d),
+            state,
+        )
+        finite = out["finite"]
+        new = new.replace(
+            step=i + 1,
+            n_skipped=state.n_skipped + (~finite).astype(jnp.int32),
+            first_nonfinite=jnp.where(
+                (state.first_nonfinite < 0) & ~finite, i, state.first_nonfinite
+            ),
+        )
+        metrics = {k: jnp.asarray(v, jnp.float32) for k, v in out.items()}
+        for k in range(cfg.ratio_bins):
+            metrics[f"ratio_bin{k}"] = new.ratio_means[k]
+        return new, metrics
+
+    return jax.jit(step, donate_argnums=0) if jit else step

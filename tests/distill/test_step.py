@@ -1,0 +1,145 @@
+"""The alternating step: which parts move, the ratio means, non-finite steps; the
+networks' feature methods and the discriminator heads."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from scorelib import distill, training
+from scorelib.data.targets import GaussianMixtureTarget
+from scorelib.nets import MLP, UNet
+from scorelib.processes import EDM
+from scorelib.training import EMA
+
+
+def _same(a, b):
+    return all(
+        np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
+
+
+def test_mlp_features_are_the_hidden_layers_of_call():
+    model = MLP((2,), width=16, depth=3, norm="layer", rngs=nnx.Rngs(0))
+    _, params = nnx.split(model, nnx.Param)
+    params = jax.tree.map(lambda v: v + 0.1, params)  # a non-zero output layer
+    nnx.update(model, params)
+    x, c = jnp.ones((4, 2)) * jnp.arange(4.0)[:, None], jnp.linspace(-1, 1, 4)
+    gd, params = nnx.split(model, nnx.Param)
+
+    @jax.jit
+    def run(p):
+        m = nnx.merge(gd, p)
+        feats = m.features(x, c)
+        return feats, m.out(jax.nn.silu(m._norm(-1, feats[-1]))), m(x, c)
+
+    feats, out, want = run(params)
+    assert [f.shape for f in feats] == [(4, 16)] * 3
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-6)
+
+
+def test_unet_features_one_per_resolution_and_conv_heads():
+    net = nnx.eval_shape(
+        lambda: UNet(
+            (8, 8, 1),
+            channels=8,
+            channel_mult=(1, 2),
+            num_res_blocks=1,
+            attn_resolutions=(),
+            rngs=nnx.Rngs(0),
+        )
+    )
+    gd, params = nnx.split(net, nnx.Param)
+    x = jax.ShapeDtypeStruct((2, 8, 8, 1), jnp.float32)
+    c = jax.ShapeDtypeStruct((2,), jnp.float32)
+    feats = jax.eval_shape(lambda p, x, c: nnx.merge(gd, p).features(x, c), params, x, c)
+    assert [f.shape for f in feats] == [(2, 8, 8, 8), (2, 4, 4, 16), (2, 4, 4, 16)]
+    disc = nnx.eval_shape(
+        lambda: distill.Discriminator([f.shape[1:] for f in feats], 8, rngs=nnx.Rngs(1))
+    )
+    gdd, pd = nnx.split(disc, nnx.Param)
+    out = jax.eval_shape(lambda p, f: nnx.merge(gdd, p)(None, None, f), pd, feats)
+    assert out.shape == (2, 3)
+    with pytest.raises(ValueError, match="distill.disc_width"):
+        distill.Discriminator([(4,)], 0, rngs=nnx.Rngs(0))
+
+
+def test_student_and_critic_steps_move_their_own_parts_and_nan_stops():
+    w = np.linspace(0.02, 0.3, 4)
+    target = GaussianMixtureTarget.create(
+        w, [[1.0, 0], [-1, 0], [0, 1], [0, -1]], stds=np.full(4, 0.2)
+    )
+    teacher = target.noisy_score(EDM())
+    model = MLP((2,), width=16, depth=1, emb_dim=8, rngs=nnx.Rngs(0))
+    gd, p_model = nnx.split(model, nnx.Param)
+    disc = distill.Discriminator(
+        [(16,)], 8, MLP((2,), width=16, depth=1, emb_dim=8, rngs=nnx.Rngs(2)), rngs=nnx.Rngs(1)
+    )
+    gdd, p_disc = nnx.split(disc, nnx.Param)
+    cfg = distill.DistillConfig(divergence="js", student_every=2, r1_weight=1.0)
+    opts = {k: distill.make_optimizer(1e-3, 0.01) for k in distill.PARTS}
+    params = {"student": p_model, "fake": p_model, "disc": p_disc}
+    state = distill.init_distill_state(params, opts, cfg, seed=0)
+
+    def batch(i):  # NaN data at step 3 (a critic step)
+        return jnp.where(i == 3, jnp.nan, target.batch(8, seed=0, step=i))
+
+    step = distill.make_distill_step(
+        teacher,
+        distill.Networks(gd, gdd, None, 1.0),
+        cfg,
+        opts,
+        EMA(batch_size=8, decay=0.9),
+        batch,
+        8,
+        (2,),
+    )
+    host = lambda s: jax.device_get(s)  # noqa: E731
+    history, metrics = [host(state)], []
+    for _ in range(4):
+        state, m = step(state)
+        history.append(host(state))
+        metrics.append(host(m))
+    s0, s1, s2, s3, s4 = history
+    # step 0: the student (and its EMA and the ratio means) moves, the critics do not
+    assert not _same(s1.params["student"], s0.params["student"])
+    assert not _same(s1.ema_params, s0.ema_params)
+    assert _same(s1.params["fake"], s0.params["fake"]) and _same(
+        s1.params["disc"], s0.params["disc"]
+    )
+    assert not np.array_equal(s1.ratio_means, s0.ratio_means)
+    # step 1: the critics move, the student and the ratio means do not
+    assert _same(s2.params["student"], s1.params["student"]) and _same(s2.ema_params, s1.ema_params)
+    assert not _same(s2.params["fake"], s1.params["fake"])
+    assert not _same(s2.params["disc"], s1.params["disc"])
+    assert np.array_equal(s2.ratio_means, s1.ratio_means)
+    assert [m["student_step"] for m in metrics] == [1, 0, 1, 0]
+    for m in metrics[:3]:
+        assert m["finite"] == 1 and all(np.isfinite(v) for v in m.values())
+        assert m["r_min"] >= 0.1 and m["r_max"] <= 20
+        assert {f"ratio_bin{k}" for k in range(10)} <= set(m)
+    # step 3: NaN data -> no update, recorded
+    assert metrics[3]["finite"] == 0
+    assert int(s4.first_nonfinite) == 3 and int(s4.n_skipped) == 1 and int(s4.step) == 4
+    assert _same(s4.params, s3.params) and _same(s4.opt_state, s3.opt_state)
+    # the training loop stops on it, naming the step
+    fresh = distill.init_distill_state(params, opts, cfg, seed=0)
+    with pytest.raises(FloatingPointError, match="non-finite loss at step 3"):
+        training.train(fresh, step, num_steps=4, log_every=2, progress=False, handle_signals=False)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("student_every", 0),
+        ("gan_weight", -1e-3),
+        ("ratio_bins", 0),
+        ("ratio_ema", 1.0),
+        ("sigma_max", 0.001),
+        ("r1_noise", 0.0),
+    ],
+)
+def test_config_refuses_bad_values_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=f"distill.{field} must be"):
+        distill.DistillConfig(**{field: value})
