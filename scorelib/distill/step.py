@@ -47,6 +47,10 @@ Array = Any
 sg = jax.lax.stop_gradient
 
 
+#: The approximate R1 penalty's input noise when ``DistillConfig.r1_noise`` is not given.
+R1_NOISE = 0.1
+
+
 @static_pytree
 @dataclasses.dataclass(frozen=True)
 class DistillConfig:
@@ -60,7 +64,8 @@ class DistillConfig:
       gan_weight: weight of the non-saturating GAN term in the student loss (>= 0;
         the paper: 1e-3 on CIFAR-10).
       r1_weight, r1_noise: approximate R1 penalty ``r1_weight |D(x_r) - D(x_r + r1_noise
-        n)|^2`` on the discriminator (>= 0 and > 0; off when ``r1_weight = 0``).
+        n)|^2`` on the discriminator (``r1_weight >= 0``, off when 0; ``r1_noise > 0``,
+        default :data:`R1_NOISE` when ``None``; refused while the penalty is off).
       logit_clip, ratio_min, ratio_max: clipping of the logits and ratios (10, 0.1, 20).
       ratio_bins, ratio_ema: number of equal-width noise-level bins of the stage-1
         normalisation (>= 1) and the EMA rate of their means in [0, 1) (0: this batch).
@@ -74,7 +79,7 @@ class DistillConfig:
     student_every: int = 5
     gan_weight: float = 1e-3
     r1_weight: float = 0.0
-    r1_noise: float = 0.1
+    r1_noise: float | None = None
     logit_clip: float = 10.0
     ratio_min: float = 0.1
     ratio_max: float = 20.0
@@ -90,7 +95,14 @@ class DistillConfig:
         check_int(self.student_every, "distill.student_every", low=1)
         check_real(self.gan_weight, "distill.gan_weight", low=0.0)
         check_real(self.r1_weight, "distill.r1_weight", low=0.0)
-        check_real(self.r1_noise, "distill.r1_noise", low=0.0, low_open=True)
+        if self.r1_noise is not None:
+            require(
+                self.r1_weight > 0,
+                "distill.r1_noise",
+                "left unset while distill.r1_weight = 0 (the R1 penalty is off)",
+                self.r1_noise,
+            )
+            check_real(self.r1_noise, "distill.r1_noise", low=0.0, low_open=True)
         check_real(self.logit_clip, "distill.logit_clip", low=0.0, low_open=True)
         check_real(self.ratio_min, "distill.ratio_min", low=0.0, low_open=True)
         check_real(self.ratio_max, "distill.ratio_max", low=self.ratio_min, low_open=True)
@@ -286,7 +298,7 @@ def make_distill_step(
             losses.discriminator_losses(logits_at(params["disc"], sg(x_t), t), logits_real)
         )
         if cfg.r1_weight > 0:
-            x_r1 = x_r + cfg.r1_noise * n_r1
+            x_r1 = x_r + (R1_NOISE if cfg.r1_noise is None else cfg.r1_noise) * n_r1
             l_disc = l_disc + cfg.r1_weight * jnp.mean(
                 (logits_real - logits_at(params["disc"], x_r1, t_r)) ** 2
             )

@@ -143,3 +143,12 @@ def test_student_and_critic_steps_move_their_own_parts_and_nan_stops():
 def test_config_refuses_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=f"distill.{field} must be"):
         distill.DistillConfig(**{field: value})
+
+
+def test_r1_noise_is_refused_while_the_r1_penalty_is_off():
+    with pytest.raises(ValueError, match=r"distill.r1_noise must be left unset while"):
+        distill.DistillConfig(r1_noise=0.2)
+    with pytest.raises(ValueError, match=r"distill.r1_noise must be a number in \(0.0, inf\)"):
+        distill.DistillConfig(r1_weight=1.0, r1_noise=0.0)
+    assert distill.DistillConfig(r1_weight=1.0, r1_noise=0.2).r1_noise == 0.2
+    assert distill.DistillConfig(r1_weight=1.0).r1_noise is None  # R1_NOISE is used

@@ -10,10 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from entry_helpers import run, run_inprocess
 from hydra import compose, initialize_config_dir
 
 from experiments.common import CONFIG_DIR
-from tests.integration.conftest import run, run_inprocess
 
 SMOKE = [
     "experiment=fdistill_gmm",

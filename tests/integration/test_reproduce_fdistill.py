@@ -5,8 +5,7 @@ import json
 
 import numpy as np
 import pytest
-
-from tests.integration.conftest import run_inprocess
+from entry_helpers import run_inprocess
 
 pytestmark = pytest.mark.slow
 
