@@ -275,7 +275,13 @@ def hydra_app(config_name: str):
 
 # When the running command started (set by :func:`hydra_app` before Hydra makes its output
 # directory): a failed command removes only an output directory made after it started.
+# (Read through _command_started(): a task function that submitit pickles by value must not
+# reference the ContextVar itself, which cannot be pickled.)
 _COMMAND_STARTED: ContextVar[float | None] = ContextVar("command_started", default=None)
+
+
+def _command_started() -> float | None:
+    return _COMMAND_STARTED.get()
 
 
 def discard_unused_output_dir(output_dir: Path, top: Path, started: float | None = None) -> None:
@@ -357,7 +363,7 @@ def clean_errors(fn):
             print(f"error: {line}", file=sys.stderr)
             where = _output_top(cfg)
             if where is not None:
-                discard_unused_output_dir(*where, _COMMAND_STARTED.get())
+                discard_unused_output_dir(*where, _command_started())
             sys.exit(USAGE_ERROR)
 
     return wrapper
