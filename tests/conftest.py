@@ -1,0 +1,55 @@
+"""Suite-wide fixture: each test module starts with no compiled executables left over.
+
+Every executable XLA:CPU compiles keeps about three memory mappings (code, constants, data)
+alive for as long as JAX's caches hold it. The whole suite in one process compiles tens of
+thousands of them; past the kernel's ``vm.max_map_count`` (65,530 by default) the next
+compilation's ``mmap`` fails and XLA dies with a segmentation fault instead of an error
+(CI, twice, in tests/teleport, about 930 tests in). Clearing JAX's caches after each module
+keeps the count at a few thousand, and the guard below names the module if it ever grows
+near the limit again.
+
+(Helpers shared between test files live in modules named after them, e.g.
+``tests/closed_forms.py``, never here: ``from conftest import`` is ambiguous when several
+``conftest.py`` are collected.)
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import jax
+import pytest
+
+_MAPS = Path("/proc/self/maps")
+_MAX_MAP_COUNT = Path("/proc/sys/vm/max_map_count")
+
+
+def _map_count() -> int | None:
+    """The number of memory mappings of this process (Linux), else None."""
+    try:
+        with _MAPS.open() as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return None
+
+
+def _map_limit() -> int | None:
+    try:
+        return int(_MAX_MAP_COUNT.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_executables(request):
+    yield
+    jax.clear_caches()
+    gc.collect()
+    count, limit = _map_count(), _map_limit()
+    if count is not None and limit is not None and count > limit // 2:
+        pytest.fail(
+            f"{request.module.__name__} leaves {count} memory mappings after clearing JAX's "
+            f"caches (vm.max_map_count = {limit}): something keeps compiled executables alive",
+            pytrace=False,
+        )
