@@ -22,8 +22,12 @@ install: $(STAMP)
 install-cuda: $(STAMP)
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,cuda]'
 
+# Two pytest workers (pytest-xdist), each test file on one worker so that module fixtures
+# (a trained toy run, the local Slurm) are built once: XLA compiles on one thread, so two
+# workers use the 2 cores that a serial run leaves half idle. JOBS=0 runs in one process.
+JOBS    ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=15 tests
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile --durations=15 tests
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" tests
