@@ -102,3 +102,19 @@ def test_gpus_asked_for_on_a_cpu_only_jax_are_refused(tmp_path):
     r = run_inprocess("distill", *SMOKE, "cluster=gpu", f"hydra.run.dir={tmp_path / 'r'}")
     assert r.code == 2, r.stderr
     assert "but JAX sees only the CPU" in r.stderr and "cluster.allow_cpu=true" in r.stderr
+
+
+def test_no_cluster_field_names_a_distillation_run():
+    from experiments import schema
+
+    schema.register_configs()
+
+    def run_dir(overrides):
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            cfg = compose("distill", overrides=overrides, return_hydra_config=True)
+        return f"{cfg.hydra.sweep.dir}/{cfg.hydra.job.override_dirname}"
+
+    fields = [f"cluster.{f}" for f in schema.CLUSTER_FIELDS if f.endswith(("nodes", "_per_node"))]
+    moved = run_dir([*SMOKE, "hydra/launcher=slurm", "cluster=gpu", *(f"{f}=2" for f in fields)])
+    assert moved == run_dir(SMOKE)
+    assert "cluster" not in moved

@@ -105,7 +105,8 @@ def test_the_task_function_pickles_by_value(module):
 @pytest.mark.slow
 def test_a_sweep_through_the_submitit_launcher_runs_without_slurm(tmp_path):
     """``-m hydra/launcher=submitit_local``: the same pickling and job start-up as the Slurm
-    launcher, on any machine; each job writes where the single run would."""
+    launcher, on any machine; the job writes where the single run would. (One job: 30-40 s
+    on 2 cores, most of it JAX's start-up in the job.)"""
     import json
     import os
     import subprocess
@@ -116,7 +117,7 @@ def test_a_sweep_through_the_submitit_launcher_runs_without_slurm(tmp_path):
         if k.startswith(("SLURM_", "SUBMITIT_")):
             del env[k]
     args = ["experiment=toy_dsm", "trainer.steps=5", "trainer.log_every=5", "model.width=8"]
-    args += ["sampler.steps=2", "sampler.num_samples=8", "trainer.seed=0,1"]
+    args += ["sampler.steps=2", "sampler.num_samples=8", "trainer.seed=1"]  # one job
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.train", "-m", "hydra/launcher=submitit_local", *args],
         cwd=tmp_path,
@@ -126,8 +127,8 @@ def test_a_sweep_through_the_submitit_launcher_runs_without_slurm(tmp_path):
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for seed in (0, 1):
-        run_dir = tmp_path / f"outputs/toy_dsm/model.width-8+trainer.seed-{seed}"
-        rows = (run_dir / "metrics.jsonl").read_text().splitlines()
-        assert [json.loads(r)["step"] for r in rows] == [5], run_dir
-        assert (run_dir / "samples/step5").is_dir()
+    run_dir = tmp_path / "outputs/toy_dsm/model.width-8+trainer.seed-1"
+    rows = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in rows] == [5], proc.stderr[-3000:]
+    assert (run_dir / "samples/step5").is_dir()
+    assert (tmp_path / "outputs/toy_dsm/.submitit").is_dir()  # it went through submitit
