@@ -197,8 +197,9 @@ def roll_call(address: str, num_processes: int, process_id: int, timeout_s: floa
 
     Raises:
       RuntimeError: naming the process ids that did not report within ``timeout_s`` and the
-        coordinator address (in every process that did report, and in process 0); or, in a
-        process other than 0, that process 0 did not answer.
+        coordinator address (in every process that did report, and in process 0); in a
+        process other than 0, that process 0 did not answer; in process 0, that the
+        roll-call port is taken.
     """
     host, _, _ = address.rpartition(":")
     port = roll_call_port(address)
@@ -247,7 +248,14 @@ def _missing_message(ids: str, n: int, address: str, timeout_s: float) -> str:
 
 def _roll_call_lead(port: int, n: int, deadline: float, address: str, timeout_s: float):
     joined: dict[int, socket.socket] = {}
-    with socket.create_server(("", port)) as server:
+    try:
+        server = socket.create_server(("", port))
+    except OSError as e:
+        raise RuntimeError(
+            f"jax.distributed: process 0 cannot listen for the roll call on port {port} (the "
+            f"one after the coordinator's, {address}): {e}; choose another coordinator port"
+        ) from None
+    with server:
         server.settimeout(0.2)
         while len(joined) < n - 1 and time.monotonic() < deadline:
             try:
@@ -260,8 +268,8 @@ def _roll_call_lead(port: int, n: int, deadline: float, address: str, timeout_s:
             except (OSError, ValueError):
                 conn.close()
                 continue
-            if 0 < pid < n:
-                joined.setdefault(pid, conn)
+            if 0 < pid < n and pid not in joined:
+                joined[pid] = conn
             else:
                 conn.close()
     missing = [i for i in range(1, n) if i not in joined]

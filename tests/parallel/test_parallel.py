@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -165,6 +166,15 @@ def test_roll_call_names_every_missing_process_to_those_that_came():
     for t in threads:
         t.join(30)
     assert errors == {}
+
+
+def test_a_taken_roll_call_port_is_named():
+    port = parallel.free_ports(2)
+    with socket.create_server(("", port + 1)):
+        with pytest.raises(
+            RuntimeError, match=f"cannot listen for the roll call on port {port + 1}"
+        ):
+            parallel.roll_call(f"127.0.0.1:{port}", 2, 0, timeout_s=1)
 
 
 # --------------------------------------------------------------------------- sharding
