@@ -1,7 +1,7 @@
 """Several devices and processes: the mesh, sharding, ``jax.distributed``, Slurm.
 
 The only package of the library that reads the cluster environment. Wiring (what
-``experiments.train`` does)::
+``experiments.cluster_run`` does for ``experiments.train`` and ``experiments.distill``)::
 
     settings = process_settings()                # Slurm srun step, explicit config, or 1
     initialize(settings)                          # roll call, then jax.distributed
@@ -16,6 +16,9 @@ The only package of the library that reads the cluster environment. Wiring (what
     except Interrupted as e:
         requeue_after_stop(e.signum)              # time limit: requeue the Slurm job
         raise
+
+``scorelib.parallel.local``: free ports and forced-CPU-device environments for local
+multi-process or multi-device runs (tests, benchmarks).
 """
 
 from scorelib.parallel.cluster import (
