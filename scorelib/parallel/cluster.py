@@ -133,8 +133,9 @@ def initialize(settings: ProcessSettings, *, timeout_s: int = CONNECT_TIMEOUT_S)
     says what this process waits for. When a process is missing, JAX's coordinator aborts
     the process after its timeout (status 134) with a message that names no process, so a
     roll call comes first (:func:`roll_call`): process 0 listens on the port after the
-    coordinator's, every other process reports its id there, and only when all have
-    reported does any of them call ``jax.distributed.initialize``.
+    coordinator's (in a Slurm step :func:`slurm_roll_call_port`), every other process
+    reports its id there, and only when all have reported does any of them call
+    ``jax.distributed.initialize``.
 
     Raises:
       RuntimeError: a process did not report within ``timeout_s`` (the message names the
@@ -153,7 +154,8 @@ def initialize(settings: ProcessSettings, *, timeout_s: int = CONNECT_TIMEOUT_S)
         flush=True,
     )
     if address is not None:
-        roll_call(address, settings.num_processes, settings.process_id, timeout_s)
+        port = None if settings.source != "slurm" else slurm_roll_call_port()
+        roll_call(address, settings.num_processes, settings.process_id, timeout_s, port=port)
     kwargs = dict(initialization_timeout=int(timeout_s))
     if settings.source == "config":
         kwargs.update(
@@ -183,15 +185,31 @@ def _slurm_coordinator_address() -> str | None:
 
 
 def roll_call_port(coordinator_address: str) -> int:
-    """The roll-call port: the one after the coordinator's (the one before it at 65535)."""
+    """The roll-call port of explicit settings: the one after the coordinator's (the one
+    before it at 65535)."""
     port = int(coordinator_address.rpartition(":")[2])
     return port + 1 if port < 65535 else port - 1
 
 
-def roll_call(address: str, num_processes: int, process_id: int, timeout_s: float) -> None:
+def slurm_roll_call_port(environ: Mapping[str, str] | None = None) -> int:
+    """The roll-call port in a Slurm step: ``57344 + SLURM_JOB_ID % 4096``, below JAX's own
+    coordinator ports (``61440 + SLURM_JOB_ID % 4096``), so that the roll call of one job
+    never takes the coordinator port of the next job id on the same node."""
+    return 57344 + int(_env(environ)["SLURM_JOB_ID"]) % 4096
+
+
+def roll_call(
+    address: str,
+    num_processes: int,
+    process_id: int,
+    timeout_s: float,
+    *,
+    port: int | None = None,
+) -> None:
     """Wait until every process of the run is up, before ``jax.distributed`` starts.
 
-    Process 0 listens on :func:`roll_call_port` of ``address``; each other process connects
+    Process 0 listens on ``port`` of the coordinator's host (default
+    :func:`roll_call_port` of ``address``); each other process connects
     (retrying until ``timeout_s``), sends its id and waits for process 0's answer: ``go``
     once all ``num_processes - 1`` have reported, else the ids that did not.
 
@@ -202,7 +220,7 @@ def roll_call(address: str, num_processes: int, process_id: int, timeout_s: floa
         roll-call port is taken.
     """
     host, _, _ = address.rpartition(":")
-    port = roll_call_port(address)
+    port = roll_call_port(address) if port is None else int(port)
     deadline = time.monotonic() + timeout_s
     me = f"process {process_id} of {num_processes}"
     if process_id == 0:
@@ -252,8 +270,8 @@ def _roll_call_lead(port: int, n: int, deadline: float, address: str, timeout_s:
         server = socket.create_server(("", port))
     except OSError as e:
         raise RuntimeError(
-            f"jax.distributed: process 0 cannot listen for the roll call on port {port} (the "
-            f"one after the coordinator's, {address}): {e}; choose another coordinator port"
+            f"jax.distributed: process 0 cannot listen for the roll call on port {port} "
+            f"(coordinator {address}): {e}; choose another coordinator port"
         ) from None
     with server:
         server.settimeout(0.2)

@@ -168,6 +168,14 @@ def test_roll_call_names_every_missing_process_to_those_that_came():
     assert errors == {}
 
 
+def test_roll_call_ports():
+    assert parallel.cluster.roll_call_port("h:1234") == 1235
+    assert parallel.cluster.roll_call_port("h:65535") == 65534
+    # in a Slurm step: below JAX's coordinator ports 61440 + job % 4096, never one of them
+    ports = {parallel.cluster.slurm_roll_call_port({"SLURM_JOB_ID": str(j)}) for j in range(8192)}
+    assert min(ports) == 57344 and max(ports) == 61439 and len(ports) == 4096
+
+
 def test_a_taken_roll_call_port_is_named():
     port = parallel.free_ports(2)
     with socket.create_server(("", port + 1)):
