@@ -28,7 +28,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -175,13 +174,11 @@ def signal_child(args) -> None:
 
 
 def _env(devices: int) -> dict:
+    from scorelib.parallel import forced_devices_env
+
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return dict(
-        os.environ,
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-        JAX_PLATFORMS="cpu",
-        PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])),
-    )
+    path = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
+    return forced_devices_env(devices, PYTHONPATH=path)
 
 
 def _child_cmd(args, *extra) -> list[str]:
@@ -207,9 +204,9 @@ def run_devices(args, devices: int) -> dict:
 
 
 def run_two_processes(args) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from scorelib.parallel import free_ports
+
+    port = free_ports(2)  # the coordinator's and the roll call's
     procs = [
         subprocess.Popen(
             _child_cmd(args, "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2")

@@ -28,6 +28,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from experiments import build, schema
+from experiments.cluster_run import start_devices, train_loop
 from experiments.common import clean_errors, hydra_app, write_run_info
 from experiments.outputs import save_samples, saved_steps
 from scorelib import distill, training
@@ -420,11 +421,16 @@ def distill_in(
     Raises:
       ValueError, FileNotFoundError: naming the config field, before anything is written;
       FloatingPointError: ``non-finite loss at step N`` (``trainer.nonfinite=stop``);
-      scorelib.training.Interrupted: a signal stopped the run after saving a step.
+      scorelib.training.Interrupted: a signal stopped the run after saving a step (after
+        a time-limit signal in a Slurm job, the job is requeued first).
+
+    Runs in one process on one device (several processes are refused; with several local
+    devices JAX's default one is used): ``cfg.cluster`` is read for the accelerator checks.
     """
     from experiments.train import check_same_run, exclusive
 
     jax.config.update("jax_default_matmul_precision", "highest")
+    start_devices(cfg, data_parallel=False)  # one process, one device (cluster_run)
     run = setup_distill(cfg)
     check_same_run(run_dir, cfg)
     steps = saved_steps(run_dir)
@@ -445,7 +451,7 @@ def distill_in(
         write_run_info(run_dir, OmegaConf.create(_fields(cfg)), seed=cfg.trainer.seed)
         ckpt = checkpointer(run, run_dir)
         try:
-            state = training.train(
+            state = train_loop(  # saves and requeues on a time-limit signal (cluster_run)
                 run.state,
                 run.step_fn,
                 num_steps=cfg.trainer.steps,

@@ -43,7 +43,9 @@ def sample_and_save(
     run: Run, params, run_dir: Path, *, step: int, use_ema: bool = True, progress: bool = True
 ) -> Path:
     """Draw ``sampler.num_samples`` samples from ``params`` and write them under
-    ``run_dir/samples`` (see :func:`experiments.outputs.samples_dir`); returns the directory."""
+    ``run_dir/samples`` (see :func:`experiments.outputs.samples_dir`); returns the directory.
+    Each batch is split over this process's devices (``draw_samples(devices=...)``: the
+    samples of one device with batches of ``ceil(batch_size / devices)``)."""
     sc = run.cfg.sampler
     x, info = draw_samples(
         run.sampling,
@@ -54,6 +56,7 @@ def sample_and_save(
         batch_size=sc.batch_size,
         progress=progress,
         desc=f"sampling ({run.sampling.name})",
+        devices=jax.local_devices(),  # each batch split over this process's devices
     )
     record = run.sampling.record
     out_dir = samples_dir(Path(run_dir), record, use_ema=use_ema, step=step)

@@ -25,6 +25,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.build import Run, checkpointer, model_fingerprint, setup
+from experiments.cluster_run import start_devices, train_loop
 from experiments.common import clean_errors, hydra_app, write_run_info
 from experiments.outputs import saved_steps
 from experiments.sample import sample_and_save
@@ -168,34 +169,6 @@ def exclusive(run_dir: Path):
         yield
 
 
-# --------------------------------------------------------------------------- devices
-
-
-def start_devices(cfg: DictConfig):
-    """Join the run's processes and check its devices; the data-parallel mesh, or ``None``
-    on a single device (the single-device path, unchanged).
-
-    Reads ``cfg.cluster`` (absent: one process, no GPU required): explicit
-    ``coordinator_address``/``num_processes``/``process_id``, else the ``srun`` step
-    (``scorelib.parallel.process_settings``); ``gpus_per_node`` and ``allow_cpu`` for the
-    accelerator check. Call before any JAX computation.
-
-    Raises:
-      ValueError: a bad ``cluster.*`` field, or GPUs asked for and a CPU-only JAX (unless
-        ``cluster.allow_cpu``); RuntimeError: a missing process or device.
-    """
-    cc = cfg.get("cluster") or {}
-    settings = parallel.process_settings(
-        coordinator_address=cc.get("coordinator_address"),
-        num_processes=cc.get("num_processes"),
-        process_id=cc.get("process_id"),
-    )
-    parallel.initialize(settings)
-    parallel.check_devices(settings)
-    parallel.check_accelerator(cc.get("gpus_per_node", 0), allow_cpu=cc.get("allow_cpu", False))
-    return parallel.make_mesh() if jax.device_count() > 1 else None
-
-
 # --------------------------------------------------------------------------- the app
 
 
@@ -245,7 +218,7 @@ def train_in(
             write_run_info(run_dir, used_config(cfg), seed=cfg.trainer.seed, extra=extra)
         ckpt = checkpointer(run, run_dir)
         try:
-            state = training.train(
+            state = train_loop(
                 state,
                 run.step_fn,
                 num_steps=cfg.trainer.steps,
@@ -257,13 +230,7 @@ def train_in(
                 progress=progress and lead,
                 handle_signals=handle_signals,
                 tensorboard=tensorboard,
-                stop_signals=training.STOP_SIGNALS + parallel.preempt_signals(),
             )
-        except training.Interrupted as e:
-            requeued = parallel.requeue_after_stop(e.signum)
-            if requeued:
-                print(requeued, file=sys.stderr, flush=True)
-            raise
         finally:
             ckpt.close()
     return run, state

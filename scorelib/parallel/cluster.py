@@ -19,12 +19,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import jax
 
@@ -129,18 +130,22 @@ def initialize(settings: ProcessSettings, *, timeout_s: int = CONNECT_TIMEOUT_S)
     """Start ``jax.distributed`` for ``settings`` (nothing for one process).
 
     Call before any other JAX operation. Idempotent within a process. A line on stderr
-    says what this process waits for, because when a process is missing JAX's coordinator
-    (process 0) aborts the process after ``timeout_s`` (status 134) with a message that
-    names no process; the other processes first check that the coordinator answers.
+    says what this process waits for. When a process is missing, JAX's coordinator aborts
+    the process after its timeout (status 134) with a message that names no process, so a
+    roll call comes first (:func:`roll_call`): process 0 listens on the port after the
+    coordinator's (in a Slurm step :func:`slurm_roll_call_port`), every other process
+    reports its id there, and only when all have reported does any of them call
+    ``jax.distributed.initialize``.
 
     Raises:
-      RuntimeError: no coordinator answered at an explicit ``coordinator_address`` within
-        ``timeout_s``, or JAX failed to connect (its error chained); the message names the
-        process, the number expected and the address.
+      RuntimeError: a process did not report within ``timeout_s`` (the message names the
+        missing process ids and the coordinator address), or JAX failed to connect (its
+        error chained).
     """
     if settings.num_processes == 1 or jax.distributed.is_initialized():
         return
-    where = settings.coordinator_address or "the Slurm step's first node"
+    address = settings.coordinator_address or _slurm_coordinator_address()
+    where = address or "the Slurm step's first node"
     me = f"process {settings.process_id} of {settings.num_processes}"
     print(
         f"jax.distributed: {me} ({settings.source} settings) joining the coordinator at "
@@ -148,8 +153,9 @@ def initialize(settings: ProcessSettings, *, timeout_s: int = CONNECT_TIMEOUT_S)
         file=sys.stderr,
         flush=True,
     )
-    if settings.coordinator_address and settings.process_id != 0:
-        _wait_for_coordinator(settings.coordinator_address, timeout_s, me)
+    if address is not None:
+        port = None if settings.source != "slurm" else slurm_roll_call_port()
+        roll_call(address, settings.num_processes, settings.process_id, timeout_s, port=port)
     kwargs = dict(initialization_timeout=int(timeout_s))
     if settings.source == "config":
         kwargs.update(
@@ -167,21 +173,133 @@ def initialize(settings: ProcessSettings, *, timeout_s: int = CONNECT_TIMEOUT_S)
         ) from e
 
 
-def _wait_for_coordinator(address: str, timeout_s: float, me: str) -> None:
-    host, _, port = address.rpartition(":")
+def _slurm_coordinator_address() -> str | None:
+    """The coordinator JAX derives inside a Slurm step (its ``SlurmCluster``, a private JAX
+    module: ``None`` if it moved, and then no roll call is made)."""
+    try:
+        from jax._src.clusters.slurm_cluster import SlurmCluster
+
+        return SlurmCluster.get_coordinator_address(None, None)
+    except Exception:  # noqa: BLE001 - any failure: fall back to JAX's own start-up
+        return None
+
+
+def roll_call_port(coordinator_address: str) -> int:
+    """The roll-call port of explicit settings: the one after the coordinator's (the one
+    before it at 65535)."""
+    port = int(coordinator_address.rpartition(":")[2])
+    return port + 1 if port < 65535 else port - 1
+
+
+def slurm_roll_call_port(environ: Mapping[str, str] | None = None) -> int:
+    """The roll-call port in a Slurm step: ``57344 + SLURM_JOB_ID % 4096``, below JAX's own
+    coordinator ports (``61440 + SLURM_JOB_ID % 4096``), so that the roll call of one job
+    never takes the coordinator port of the next job id on the same node."""
+    return 57344 + int(_env(environ)["SLURM_JOB_ID"]) % 4096
+
+
+def roll_call(
+    address: str,
+    num_processes: int,
+    process_id: int,
+    timeout_s: float,
+    *,
+    port: int | None = None,
+) -> None:
+    """Wait until every process of the run is up, before ``jax.distributed`` starts.
+
+    Process 0 listens on ``port`` of the coordinator's host (default
+    :func:`roll_call_port` of ``address``); each other process connects
+    (retrying until ``timeout_s``), sends its id and waits for process 0's answer: ``go``
+    once all ``num_processes - 1`` have reported, else the ids that did not.
+
+    Raises:
+      RuntimeError: naming the process ids that did not report within ``timeout_s`` and the
+        coordinator address (in every process that did report, and in process 0); in a
+        process other than 0, that process 0 did not answer; in process 0, that the
+        roll-call port is taken.
+    """
+    host, _, _ = address.rpartition(":")
+    port = roll_call_port(address) if port is None else int(port)
     deadline = time.monotonic() + timeout_s
+    me = f"process {process_id} of {num_processes}"
+    if process_id == 0:
+        _roll_call_lead(port, num_processes, deadline, address, timeout_s)
+        return
     while True:
         try:
-            with socket.create_connection((host, int(port)), timeout=2):
-                return
+            conn = socket.create_connection((host, port), timeout=2)
+            break
         except OSError as e:
             if time.monotonic() >= deadline:
                 raise RuntimeError(
-                    f"jax.distributed: {me}: no coordinator (process 0) answered at {address} "
-                    f"within {timeout_s} s: process 0 is missing or the address is "
-                    f"unreachable ({e})"
+                    f"jax.distributed: {me}: process 0 (the coordinator, {address}) did not "
+                    f"answer the roll call on port {port} within {timeout_s} s: process 0 is "
+                    f"missing or the address is unreachable ({e})"
                 ) from None
             time.sleep(0.2)
+    with conn:
+        conn.sendall(f"{process_id}\n".encode())
+        conn.settimeout(max(deadline - time.monotonic(), 0) + 30)
+        try:
+            answer = conn.makefile().readline().strip()
+        except OSError:
+            answer = ""
+    if answer == "go":
+        return
+    if answer.startswith("missing "):
+        ids = answer.split()[1].replace(",", ", ")
+        raise RuntimeError(_missing_message(ids, num_processes, address, timeout_s))
+    raise RuntimeError(
+        f"jax.distributed: {me}: process 0 (the coordinator, {address}) stopped the roll "
+        f"call without an answer ({answer!r})"
+    )
+
+
+def _missing_message(ids: str, n: int, address: str, timeout_s: float) -> str:
+    return (
+        f"jax.distributed: processes [{ids}] of {n} did not join within {timeout_s} s "
+        f"(coordinator {address}): start every process (cluster.num_processes={n}, "
+        "cluster.process_id 0 .. n-1, or srun with that many tasks)"
+    )
+
+
+def _roll_call_lead(port: int, n: int, deadline: float, address: str, timeout_s: float):
+    joined: dict[int, socket.socket] = {}
+    try:
+        server = socket.create_server(("", port))
+    except OSError as e:
+        raise RuntimeError(
+            f"jax.distributed: process 0 cannot listen for the roll call on port {port} "
+            f"(coordinator {address}): {e}; choose another coordinator port"
+        ) from None
+    with server:
+        server.settimeout(0.2)
+        while len(joined) < n - 1 and time.monotonic() < deadline:
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(10)
+            try:
+                pid = int(conn.makefile().readline().strip())
+            except (OSError, ValueError):
+                conn.close()
+                continue
+            if 0 < pid < n and pid not in joined:
+                joined[pid] = conn
+            else:
+                conn.close()
+    missing = [i for i in range(1, n) if i not in joined]
+    answer = "go" if not missing else "missing " + ",".join(map(str, missing))
+    for conn in joined.values():
+        with conn:
+            try:
+                conn.sendall(f"{answer}\n".encode())
+            except OSError:
+                pass
+    if missing:
+        raise RuntimeError(_missing_message(", ".join(map(str, missing)), n, address, timeout_s))
 
 
 def check_devices(settings: ProcessSettings, *, local_devices: int | None = None) -> None:
@@ -262,6 +380,44 @@ def check_accelerator(gpus_per_node: int, *, allow_cpu: bool, environ=None) -> s
     return backend
 
 
+def check_gpus(
+    gpus_per_node: int, *, tasks_per_node: int = 1, devices: Sequence | None = None
+) -> None:
+    """Check that this process sees the GPUs the config asked for.
+
+    Each process sees either the node's ``gpus_per_node`` GPUs, or its share of them
+    (``gpus_per_node / tasks_per_node``: one process per GPU). Nothing is checked when
+    ``gpus_per_node`` is 0 or the backend is not a GPU (:func:`check_accelerator` decides
+    about a CPU-only JAX).
+
+    Args:
+      gpus_per_node: ``cluster.gpus_per_node``.
+      tasks_per_node: ``cluster.tasks_per_node``.
+      devices: this process's devices (default ``jax.local_devices()``), each with a
+        ``platform`` (``'gpu'``, ``'cuda'``, ``'rocm'``, ``'cpu'``).
+
+    Raises:
+      RuntimeError: the process sees another number of GPUs; the message names the config
+        fields, the host, the GPUs it sees and ``CUDA_VISIBLE_DEVICES``.
+    """
+    check_int(gpus_per_node, "cluster.gpus_per_node", low=0)
+    check_int(tasks_per_node, "cluster.tasks_per_node", low=1)
+    devices = list(jax.local_devices() if devices is None else devices)
+    gpus = [d for d in devices if d.platform in ("gpu", "cuda", "rocm")]
+    if gpus_per_node == 0 or not gpus:
+        return
+    share = gpus_per_node // tasks_per_node if gpus_per_node % tasks_per_node == 0 else None
+    if len(gpus) in (gpus_per_node, share):
+        return
+    want = f"{gpus_per_node}" + (f" (or {share}, one share per task)" if share else "")
+    raise RuntimeError(
+        f"cluster.gpus_per_node={gpus_per_node} (cluster.tasks_per_node={tasks_per_node}) but "
+        f"this process on {socket.gethostname()} sees {len(gpus)} GPU(s) "
+        f"({', '.join(str(d) for d in gpus)}), not {want}: a GPU is missing, busy or hidden "
+        f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})"
+    )
+
+
 # --------------------------------------------------------------------------- preemption
 
 
@@ -304,8 +460,9 @@ def requeue_after_stop(signum: int, environ: Mapping[str, str] | None = None) ->
 
     Returns:
       A line for the user (``'requeued Slurm job 12'``, or, when ``scontrol requeue``
-      fails, e.g. for an interactive job, ``'could not requeue Slurm job 12 (...)'``: the
-      step is saved either way), or ``None`` when nothing was done.
+      fails or ``scontrol`` is not on ``PATH`` (an interactive job, a container inside the
+      job), ``'could not requeue Slurm job 12 (...)'``: the step is saved either way), or
+      ``None`` when nothing was done.
     """
     env = _env(environ)
     job = slurm_job_id(env)
@@ -319,9 +476,13 @@ def requeue_after_stop(signum: int, environ: Mapping[str, str] | None = None) ->
         return None
     if (_env_int(env, "SLURM_PROCID") or 0) != 0:
         return None
-    proc = subprocess.run(
-        ["scontrol", "requeue", job], capture_output=True, text=True, timeout=60, check=False
-    )
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:  # e.g. a container inside the job, without Slurm's commands
+        proc = subprocess.CompletedProcess([], 127, "", "scontrol is not on PATH")
+    else:
+        proc = subprocess.run(
+            [scontrol, "requeue", job], capture_output=True, text=True, timeout=60, check=False
+        )
     if proc.returncode != 0:  # e.g. an interactive job: the step is saved all the same
         message = (
             f"could not requeue Slurm job {job} (scontrol requeue: {proc.stderr.strip()}); "

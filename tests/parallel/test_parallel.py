@@ -15,6 +15,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import jax
@@ -106,24 +107,82 @@ def test_missing_processes_are_named():
         parallel.check_devices(parallel.ProcessSettings(), local_devices=5)
 
 
-def test_missing_coordinator_is_a_clear_error_not_a_hang():
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def _start_alone(process_id: int, timeout_s: int = 3) -> tuple[subprocess.CompletedProcess, str]:
+    """Process ``process_id`` of 2 started with explicit settings, the other one never."""
+    address = f"127.0.0.1:{parallel.free_ports(2)}"
     code = (
         "from scorelib import parallel\n"
-        f"s = parallel.process_settings(coordinator_address='127.0.0.1:{port}', "
-        "num_processes=2, process_id=1)\n"
-        "parallel.initialize(s, timeout_s=2)\n"
+        f"s = parallel.process_settings(coordinator_address={address!r}, "
+        f"num_processes=2, process_id={process_id})\n"
+        f"parallel.initialize(s, timeout_s={timeout_s})\n"
     )
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
     proc = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
+    return proc, address
+
+
+def test_missing_coordinator_is_a_clear_error_not_a_hang():
+    proc, address = _start_alone(1, timeout_s=2)
     assert proc.returncode == 1, proc.stderr
-    assert f"process 1 of 2: no coordinator (process 0) answered at 127.0.0.1:{port}" in (
-        proc.stderr
-    )
+    assert f"process 1 of 2: process 0 (the coordinator, {address}) did not answer" in (proc.stderr)
+
+
+def test_missing_process_is_named_by_the_coordinator_not_an_abort():
+    """Without the roll call, JAX's coordinator aborts (status 134) naming no process."""
+    proc, address = _start_alone(0, timeout_s=3)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert (
+        f"RuntimeError: jax.distributed: processes [1] of 2 did not join within 3 s "
+        f"(coordinator {address})"
+    ) in proc.stderr, proc.stderr[-3000:]
+
+
+def test_roll_call_names_every_missing_process_to_those_that_came():
+    address = f"127.0.0.1:{parallel.free_ports(2)}"
+    errors = {}
+
+    def join(i, n=4):
+        try:
+            parallel.roll_call(address, n, i, timeout_s=2)
+        except RuntimeError as e:
+            errors[i] = str(e)
+
+    threads = [threading.Thread(target=join, args=(i,)) for i in (0, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(errors) == [0, 2]
+    for message in errors.values():
+        assert f"processes [1, 3] of 4 did not join within 2 s (coordinator {address})" in message
+    # all present: everyone goes on
+    address = f"127.0.0.1:{parallel.free_ports(2)}"
+    threads = [threading.Thread(target=join, args=(i, 3)) for i in range(3)]
+    errors.clear()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == {}
+
+
+def test_roll_call_ports():
+    assert parallel.cluster.roll_call_port("h:1234") == 1235
+    assert parallel.cluster.roll_call_port("h:65535") == 65534
+    # in a Slurm step: below JAX's coordinator ports 61440 + job % 4096, never one of them
+    ports = {parallel.cluster.slurm_roll_call_port({"SLURM_JOB_ID": str(j)}) for j in range(8192)}
+    assert min(ports) == 57344 and max(ports) == 61439 and len(ports) == 4096
+
+
+def test_a_taken_roll_call_port_is_named():
+    port = parallel.free_ports(2)
+    with socket.create_server(("", port + 1)):
+        with pytest.raises(
+            RuntimeError, match=f"cannot listen for the roll call on port {port + 1}"
+        ):
+            parallel.roll_call(f"127.0.0.1:{port}", 2, 0, timeout_s=1)
 
 
 # --------------------------------------------------------------------------- sharding
@@ -168,6 +227,31 @@ def test_gpus_asked_but_cpu_backend_stops_unless_allowed():
         parallel.check_accelerator(-1, allow_cpu=False, environ={})
 
 
+class _FakeDevice:
+    def __init__(self, platform: str, i: int):
+        self.platform, self.id = platform, i
+
+    def __str__(self):
+        return f"{self.platform}:{self.id}"
+
+
+def _devices(platform, n):
+    return [_FakeDevice(platform, i) for i in range(n)]
+
+
+def test_a_node_showing_fewer_gpus_than_asked_stops():
+    with pytest.raises(RuntimeError, match=r"gpus_per_node=4 .* sees 3 GPU\(s\) \(cuda:0, cuda:1"):
+        parallel.check_gpus(4, devices=_devices("cuda", 3))
+    with pytest.raises(RuntimeError, match=r"not 4 \(or 2, one share per task\)"):
+        parallel.check_gpus(4, tasks_per_node=2, devices=_devices("gpu", 3))
+    parallel.check_gpus(4, devices=_devices("gpu", 4))
+    parallel.check_gpus(4, tasks_per_node=4, devices=_devices("gpu", 1))  # one per task
+    parallel.check_gpus(4, tasks_per_node=4, devices=_devices("gpu", 4))  # all visible
+    parallel.check_gpus(0, devices=_devices("gpu", 3))  # none asked for: any number
+    parallel.check_gpus(2, devices=_devices("cpu", 1))  # a CPU: check_accelerator's case
+    parallel.check_gpus(1)  # this machine's devices
+
+
 # --------------------------------------------------------------------------- requeue
 
 
@@ -208,6 +292,15 @@ def test_failed_requeue_is_reported_not_raised(tmp_path, monkeypatch):
     )
 
 
+def test_no_scontrol_on_path_is_reported_not_raised(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # e.g. a container inside the Slurm job
+    got = parallel.requeue_after_stop(signal.SIGUSR1, {"SLURM_JOB_ID": "7"})
+    assert got == (
+        "could not requeue Slurm job 7 (scontrol requeue: scontrol is not on PATH); "
+        "resubmit the same command to resume"
+    )
+
+
 def test_submitit_signal_goes_to_submitits_handler_after_the_save():
     env = {"SLURM_JOB_ID": "42", "SUBMITIT_FOLDER": "/x"}
     assert parallel.preempt_signals(env) == (signal.SIGUSR2,)
@@ -226,10 +319,8 @@ def test_submitit_signal_goes_to_submitits_handler_after_the_save():
 
 
 def _env(devices: int, cache) -> dict:
-    return dict(
-        os.environ,
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-        JAX_PLATFORMS="cpu",
+    return parallel.forced_devices_env(
+        devices,
         PYTHONPATH=str(ROOT),
         JAX_COMPILATION_CACHE_DIR=str(cache),
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
@@ -249,9 +340,7 @@ def _run(args, devices, cache, timeout=300) -> dict:
 
 
 def _two_processes(args, cache, timeout=300) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = parallel.free_ports(2)  # the coordinator's and the roll call's
     procs = [
         subprocess.Popen(
             [sys.executable, str(SCRIPT), *map(str, args), "--coordinator", f"127.0.0.1:{port}"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from scorelib.parallel import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 BINARIES = ("slurmctld", "slurmd", "slurmdbd", "sbatch", "sacct", "munged", "mariadbd")
@@ -35,23 +36,6 @@ SMALL = [
     "sampler.num_samples=64",
 ]
 RUN = "model.width-32+trainer.batch_size-64"
-
-
-def _free_port_block(n: int = 4) -> int:
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n > 65535:
-            continue
-        try:
-            for k in range(n):
-                with socket.socket() as t:
-                    t.bind(("127.0.0.1", base + k))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no block of free ports")
 
 
 def _unavailable() -> str | None:
@@ -136,7 +120,7 @@ def start_local_slurm(tmp_path_factory):
     if reason:
         pytest.skip(reason)
     state = tmp_path_factory.mktemp("slurm") / "state"
-    env = {**os.environ, "SLURM_LOCAL_PORT": str(_free_port_block())}
+    env = {**os.environ, "SLURM_LOCAL_PORT": str(free_ports(4))}
     up = subprocess.run(
         [str(ROOT / "slurm" / "local" / "up.sh"), str(state)],
         env=env,

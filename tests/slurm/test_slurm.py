@@ -34,6 +34,14 @@ SBATCH = ROOT / "slurm" / "train.sbatch"
 JOB = ["--cpus-per-task=1", "--mem=1G", "--time=10"]
 
 
+# The signal tests send the signal as soon as the first step line (step 10) is logged, not
+# after a fixed time, so a slow start-up cannot make them miss the run; the remaining
+# 4,990 steps take 7-25 s on 2 loaded cores (about 3 s at 1,500 steps/s) against well
+# under a second from the log line to the signal. Should a run finish first anyway, the
+# test says so (RACE) rather than failing on a missing line.
+RACE = "the run finished before the signal arrived (raise its trainer.steps)"
+
+
 def _wait_for_log_line(run_dir, job, slurm, timeout=180):
     t0 = time.time()
     while time.time() - t0 < timeout:
@@ -108,6 +116,7 @@ def test_sigusr1_saves_requeues_and_resumes_bit_identical(slurm, tmp_path):
     slurm.wait(job)
     out = (tmp_path / f"slurm-{job}.out").read_text()
     records = slurm.sacct(job)
+    assert len(records) > 1 or "saved step" in out, RACE
     assert [r[1] for r in records] == ["REQUEUED", "COMPLETED"], (records, out[-3000:])
     assert f"requeued Slurm job {job}" in out
     saved = [line for line in out.splitlines() if line.startswith("saved step")]
@@ -156,6 +165,7 @@ def test_submitit_time_limit_signal_saves_before_requeue(slurm, tmp_path):
     err, out = (logs / f"{job}_0_log.err").read_text(), (logs / f"{job}_0_log.out").read_text()
     assert "Caught signal SIGUSR2" in err, err[-3000:]
     records = slurm.sacct(job)
+    assert len(records) > 1 or "Caught signal" in err, RACE
     assert [r[1] for r in records] == ["REQUEUED", "COMPLETED"], (records, err[-3000:])
     # ckpt_every=100000: the step it resumed from was saved on the signal, before the requeue
     resumed = re.findall(r"from step (\d+) of 5000", out)

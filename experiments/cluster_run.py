@@ -1,0 +1,93 @@
+"""What every training entry point does on a cluster (``experiments.train``,
+``experiments.distill``): join the run's processes and check its devices before any JAX
+computation, and run the training loop so that a time-limit signal saves and requeues.
+
+* :func:`start_devices`: ``cfg.cluster`` (absent: one process, no GPU required) to
+  ``scorelib.parallel``: the processes (explicit ``cluster.coordinator_address``/
+  ``num_processes``/``process_id``, else the ``srun`` step), the roll call and
+  ``jax.distributed``, every process and device present, no CPU-only JAX when GPUs were
+  asked for (unless ``cluster.allow_cpu``), the GPUs each process sees.
+* :func:`train_loop`: ``scorelib.training.train`` stopping also on submitit's time-limit
+  signal (USR2 inside a submitit job); after the loop saved its step on SIGUSR1 (the batch
+  script's ``--signal=USR1@90``) or on submitit's signal, the Slurm job is requeued
+  (``scorelib.parallel.requeue_after_stop``) and ``Interrupted`` is re-raised.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import jax
+from omegaconf import DictConfig
+
+from scorelib import parallel, training
+
+
+def start_devices(cfg: DictConfig, *, data_parallel: bool = True):
+    """Join the run's processes and check its devices; the data-parallel mesh, or ``None``
+    on a single device (or when ``data_parallel`` is false). Call before any JAX
+    computation.
+
+    Args:
+      cfg: the run's config; reads ``cfg.cluster``.
+      data_parallel: the entry point shards its batches over every device. When false it
+        runs in one process on JAX's default device: several processes are refused, and
+        with several local devices a line says that one is used.
+
+    Raises:
+      ValueError: a bad ``cluster.*`` field; GPUs asked for and a CPU-only JAX (unless
+        ``cluster.allow_cpu``); several processes with ``data_parallel=False``.
+      RuntimeError: a missing process or device, or fewer GPUs than
+        ``cluster.gpus_per_node``.
+    """
+    cc = cfg.get("cluster") or {}
+    settings = parallel.process_settings(
+        coordinator_address=cc.get("coordinator_address"),
+        num_processes=cc.get("num_processes"),
+        process_id=cc.get("process_id"),
+    )
+    if not data_parallel and settings.num_processes > 1:
+        raise ValueError(
+            f"{settings.num_processes} processes ({settings.source} settings): this command "
+            "runs in one process on one device; start one task (srun -n 1, "
+            "cluster.tasks_per_node=1, cluster.nodes=1) and no cluster.num_processes"
+        )
+    parallel.initialize(settings)
+    parallel.check_devices(settings)
+    gpus = cc.get("gpus_per_node", 0)
+    allow_cpu = cc.get("allow_cpu", False)
+    if parallel.check_accelerator(gpus, allow_cpu=allow_cpu) != "cpu":
+        parallel.check_gpus(gpus, tasks_per_node=cc.get("tasks_per_node", 1))
+    if jax.device_count() == 1:
+        return None
+    if not data_parallel:
+        print(
+            f"this command runs on one device: {jax.devices()[0]} of the "
+            f"{jax.device_count()} JAX sees",
+            file=sys.stderr,
+            flush=True,
+        )
+        return None
+    return parallel.make_mesh()
+
+
+def train_loop(state, step_fn, **kwargs):
+    """``scorelib.training.train(state, step_fn, **kwargs)`` with the cluster's stop
+    signals (``STOP_SIGNALS`` and submitit's time-limit signal); requeues the Slurm job
+    after a time-limit stop (a line on stderr says so) and re-raises.
+
+    Raises:
+      scorelib.training.Interrupted: a signal stopped the loop after saving a step.
+    """
+    try:
+        return training.train(
+            state,
+            step_fn,
+            stop_signals=training.STOP_SIGNALS + parallel.preempt_signals(),
+            **kwargs,
+        )
+    except training.Interrupted as e:
+        requeued = parallel.requeue_after_stop(e.signum)
+        if requeued:
+            print(requeued, file=sys.stderr, flush=True)
+        raise

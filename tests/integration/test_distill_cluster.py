@@ -1,0 +1,120 @@
+"""experiments.distill on a cluster (experiments.cluster_run): submitit's time-limit signal
+(SIGUSR2) saves the step before submitit's own handler runs, and the resumed run is bit
+identical to the uninterrupted one; several processes are refused (one device)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import pytest
+from entry_helpers import run_inprocess
+from hydra import compose, initialize_config_dir
+from test_distill import SMOKE, _same
+
+from experiments.common import CONFIG_DIR
+
+STEPS = 200
+
+
+def _signal_after_first_log(metrics, signum, timeout=300):
+    """Send ``signum`` to this process once ``metrics`` has a line (training runs)."""
+
+    def wait():
+        t0 = time.time()
+        while time.time() - t0 < timeout:
+            if metrics.is_file() and metrics.read_text().strip():
+                os.kill(os.getpid(), signum)
+                return
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.slow
+def test_submitit_time_limit_signal_saves_then_resume_is_bit_identical(tmp_path, monkeypatch):
+    from experiments import distill
+    from scorelib import training
+
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("distill", overrides=[*SMOKE, f"trainer.steps={STEPS}"])
+    cfg.trainer.ckpt_every = 100000  # only the signal and the end save
+    built = distill.setup_distill(cfg)
+    fresh = lambda: jax.tree.map(jnp.copy, built.state)  # noqa: E731 (the step donates)
+    # one compiled step for the three runs: distill_in builds the same run each time
+    monkeypatch.setattr(
+        distill, "setup_distill", lambda c: dataclasses.replace(built, state=fresh())
+    )
+    quiet = dict(progress=False, tensorboard=False)
+
+    _, whole = distill.distill_in(tmp_path / "whole", cfg, handle_signals=False, **quiet)
+    whole = jax.device_get(whole)
+
+    # inside a submitit job: submitit's USR2 handler is installed, and a Slurm job id set
+    handled = []
+    monkeypatch.setenv("SUBMITIT_FOLDER", str(tmp_path / "submitit"))
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.delenv("SUBMITIT_PREEMPT_SIGNAL", raising=False)
+    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: handled.append(signum))
+    run_dir = tmp_path / "signalled"
+    try:
+        thread = _signal_after_first_log(run_dir / "metrics.jsonl", signal.SIGUSR2)
+        with pytest.raises(training.Interrupted) as stop:
+            distill.distill_in(run_dir, cfg, handle_signals=True, **quiet)
+        thread.join(10)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert stop.value.signum == signal.SIGUSR2
+    saved = distill.saved_steps(run_dir)
+    assert len(saved) == 1 and 5 <= saved[0] < STEPS, saved  # the signal's checkpoint
+    assert handled == [signal.SIGUSR2]  # submitit's handler (it requeues) ran after the save
+
+    monkeypatch.delenv("SUBMITIT_FOLDER")
+    monkeypatch.delenv("SLURM_JOB_ID")
+    _, resumed = distill.distill_in(run_dir, cfg, handle_signals=False, **quiet)
+    resumed = jax.device_get(resumed)
+    assert int(resumed.step) == int(whole.step) == STEPS
+    assert _same(resumed, whole)
+
+
+def test_several_processes_are_refused_before_compute(tmp_path):
+    r = run_inprocess(
+        "distill",
+        *SMOKE,
+        "cluster.num_processes=2",
+        "cluster.process_id=0",
+        "cluster.coordinator_address=127.0.0.1:1",
+        f"hydra.run.dir={tmp_path / 'r'}",
+    )
+    assert r.code == 2, r.stderr
+    assert "error: 2 processes (config settings): this command runs in one process" in r.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_gpus_asked_for_on_a_cpu_only_jax_are_refused(tmp_path):
+    r = run_inprocess("distill", *SMOKE, "cluster=gpu", f"hydra.run.dir={tmp_path / 'r'}")
+    assert r.code == 2, r.stderr
+    assert "but JAX sees only the CPU" in r.stderr and "cluster.allow_cpu=true" in r.stderr
+
+
+def test_no_cluster_field_names_a_distillation_run():
+    from experiments import schema
+
+    schema.register_configs()
+
+    def run_dir(overrides):
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            cfg = compose("distill", overrides=overrides, return_hydra_config=True)
+        return f"{cfg.hydra.sweep.dir}/{cfg.hydra.job.override_dirname}"
+
+    fields = [f"cluster.{f}" for f in schema.CLUSTER_FIELDS if f.endswith(("nodes", "_per_node"))]
+    moved = run_dir([*SMOKE, "hydra/launcher=slurm", "cluster=gpu", *(f"{f}=2" for f in fields)])
+    assert moved == run_dir(SMOKE)
+    assert "cluster" not in moved
