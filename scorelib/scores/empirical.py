@@ -54,6 +54,56 @@ def _accumulate(stats, logits, w_points):
     return m_new, l * scale + jnp.sum(w, -1), acc * scale[:, None] + w_points(w)
 
 
+def scan_blocks(table, y, body, init):
+    """Scan ``body`` over the training table in blocks of ``table.chunk`` points.
+
+    The one home of the blocked matmul: block ``j`` holds points ``p: [c, d]`` and gets
+    ``g = 2 y.p^T - ||p||^2: [b, c]`` (``= ||y||^2 - ||y - p||^2``, so larger is nearer;
+    ``-inf`` on padding rows), from one ``[b, d] x [d, c]`` matmul. ``g`` is exact up to
+    float32 cancellation of order ``1e-7 ||y||^2``; callers recompute the distances of the
+    points they keep with :func:`exact_logits`.
+
+    Args:
+      table: anything with ``data [n_pad, d]``, ``valid [n_pad]``, ``sq_norms [n_pad]`` and
+        ``chunk`` (an :class:`EmpiricalScore`).
+      y: ``[b, d]`` queries (data units).
+      body: ``(carry, (g [b, c], p [c, d], start)) -> (carry, out)``, ``start`` the global
+        index of the block's first point (int32).
+      init: the initial carry.
+
+    Returns:
+      ``(carry, outs)`` as :func:`jax.lax.scan`, ``outs`` stacked over the blocks.
+    """
+    c = table.chunk
+    d = y.shape[1]
+    n_chunks = table.data.shape[0] // c
+    pts = table.data.reshape(n_chunks, c, d).astype(y.dtype)
+    ok = table.valid.reshape(n_chunks, c)
+    sq = table.sq_norms.reshape(n_chunks, c).astype(y.dtype)
+    starts = jnp.arange(n_chunks, dtype=jnp.int32) * c
+    neg = jnp.array(-jnp.inf, y.dtype)
+
+    def step(carry, block):
+        p, v, p_sq, start = block
+        g = jnp.where(v[None], 2.0 * (y @ p.T) - p_sq[None], neg)
+        return body(carry, (g, p, start))
+
+    return jax.lax.scan(step, init, (pts, ok, sq, starts))
+
+
+def exact_logits(y, pts, inv2s2):
+    """``-||y_b - p_bj||^2 inv2s2`` from differences (no cancellation near a point).
+
+    Args:
+      y: ``[b, d]``; pts: ``[b, K, d]`` each query's candidate points; inv2s2: a scalar or
+        ``[b, 1]``.
+
+    Returns:
+      ``[b, K]``.
+    """
+    return -jnp.sum((y[:, None, :] - pts) ** 2, axis=-1) * inv2s2
+
+
 def softmax_stats(table, y, inv2s2):
     """Streamed softmax of ``-||y - x_i||^2 inv2s2`` over a padded training table.
 
@@ -67,31 +117,24 @@ def softmax_stats(table, y, inv2s2):
       ``(m [b], l [b], acc [b, d])``: the largest logit, ``sum_i exp(logit_i - m)`` and
       ``sum_i exp(logit_i - m) x_i``, so the softmax mean is ``acc / l[:, None]``.
     """
-    b, d = y.shape
-    c = table.chunk
-    r = min(table.exact_top, c)
-    n_chunks = table.data.shape[0] // c
-    pts = table.data.reshape(n_chunks, c, d).astype(y.dtype)
-    ok = table.valid.reshape(n_chunks, c)
-    sq = table.sq_norms.reshape(n_chunks, c).astype(y.dtype)
+    b = y.shape[0]
+    r = min(table.exact_top, table.chunk)
     yy = jnp.sum(y**2, axis=-1, keepdims=True)  # [b, 1]
     rows = jnp.arange(b)[:, None]
     neg = jnp.array(-jnp.inf, y.dtype)
 
     def body(stats, block):
-        p, v, p_sq, start = block
-        approx = jnp.where(v[None], -(yy - 2.0 * (y @ p.T) + p_sq[None]) * inv2s2, neg)
+        g, p, start = block
+        approx = (g - yy) * inv2s2  # -inf stays -inf on padding
         _, j = jax.lax.top_k(approx, r)  # [b, r]: the block's likely nearest, done exactly
         rest = approx.at[rows, j].set(neg)
         return _accumulate(stats, rest, lambda w: w @ p), start + j
 
     init = (jnp.full((b,), -jnp.inf, y.dtype), jnp.zeros((b,), y.dtype), jnp.zeros_like(y))
-    starts = jnp.arange(n_chunks) * c
-    stats, cand = jax.lax.scan(body, init, (pts, ok, sq, starts))
+    stats, cand = scan_blocks(table, y, body, init)
     cand = jnp.moveaxis(cand, 0, 1).reshape(b, -1)  # [b, n_chunks * r] global indices
     cand_pts = table.data[cand].astype(y.dtype)  # [b, K, d]
-    exact = -jnp.sum((y[:, None, :] - cand_pts) ** 2, axis=-1) * inv2s2
-    exact = jnp.where(table.valid[cand], exact, neg)
+    exact = jnp.where(table.valid[cand], exact_logits(y, cand_pts, inv2s2), neg)
     return _accumulate(stats, exact, lambda w: jnp.einsum("bk,bkd->bd", w, cand_pts))
 
 
