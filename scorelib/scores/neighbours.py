@@ -37,7 +37,13 @@ import numpy as np
 from flax import struct
 
 from scorelib._checks import check_choice, check_int, require
-from scorelib.scores.empirical import EmpiricalScore, exact_logits, scan_blocks
+from scorelib.scores.empirical import (
+    EmpiricalScore,
+    exact_logits,
+    scan_blocks,
+    sub_block,
+    top_sub_blocks,
+)
 
 Array = Any
 
@@ -49,15 +55,20 @@ def top_k_neighbours(table: EmpiricalScore, y: Array, k: int) -> Array:
     """``[b, k]`` indices of the ``k`` training points nearest to ``y: [b, d]`` (exact, JAX).
 
     A running top-``k`` of ``2 y.x_i - ||x_i||^2`` over the blocks of
-    :func:`scorelib.scores.empirical.scan_blocks` (padding rows excluded).
+    :func:`scorelib.scores.empirical.scan_blocks` (padding rows excluded); in each block
+    only the points of the ``k`` sub-blocks with the largest maxima are ranked
+    (:func:`scorelib.scores.empirical.top_sub_blocks`: exact, and about ``1/16`` of the
+    points).
     """
     b = y.shape[0]
-    kc = min(k, table.chunk)
+    sub = sub_block(table.chunk)
 
     def body(carry, block):
         best, idx = carry
-        g, _, start = block
-        val, j = jax.lax.top_k(g, kc)
+        g, gmax, _, start = block
+        loc = top_sub_blocks(gmax, k, sub)  # [b, k' sub] chunk-local
+        val, pos = jax.lax.top_k(jnp.take_along_axis(g, loc, 1), min(k, loc.shape[1]))
+        j = jnp.take_along_axis(loc, pos, 1)
         val, pos = jax.lax.top_k(jnp.concatenate([best, val], 1), k)
         idx = jnp.take_along_axis(jnp.concatenate([idx, start + j], 1), pos, 1)
         return (val, idx), None
