@@ -67,7 +67,15 @@ def nearest_neighbour_distances(samples, train, *, block_size: int = 256) -> np.
     return nearest_neighbours(samples, train, k=1, block_size=block_size)[0][:, 0]
 
 
-def memorisation_stats(samples, train, reference=None, *, copy_fraction: float = 1.0 / 3.0):
+def leave_one_out_distances(train) -> np.ndarray:
+    """``[m]`` float32 distance of each image of ``train: [m, *shape]`` to its nearest other
+    image (:func:`nearest_neighbours` with ``exclude_self``): the radii of the copy rate."""
+    return nearest_neighbours(train, train, k=1, exclude_self=True)[0][:, 0]
+
+
+def memorisation_stats(
+    samples, train, reference=None, *, copy_fraction: float = 1.0 / 3.0, train_loo=None
+):
     """Summary statistics of sample-to-training-set distances.
 
     The copy rate is per training point: a sample copies training image ``j`` when it lies
@@ -84,6 +92,8 @@ def memorisation_stats(samples, train, reference=None, *, copy_fraction: float =
         set (``m >= 3``); reference: optional ``[r, *shape]`` held-out real images
         (the test split), the yardstick for what a fresh image looks like.
       copy_fraction: threshold factor for the copy rates below, in ``(0, 1/2]``.
+      train_loo: optional ``[m]`` :func:`leave_one_out_distances` of ``train``, computed
+        once for many sample sets (``None``: computed here).
 
     Returns:
       dict of floats:
@@ -109,7 +119,9 @@ def memorisation_stats(samples, train, reference=None, *, copy_fraction: float =
     if not 0.0 < copy_fraction <= 0.5:
         raise ValueError(f"copy_fraction must be in (0, 1/2]; got {copy_fraction}")
     d, idx = nearest_neighbours(samples, t, k=2)
-    loo = nearest_neighbours(t, t, k=1, exclude_self=True)[0][:, 0]
+    loo = leave_one_out_distances(t) if train_loo is None else np.asarray(train_loo)
+    if loo.shape != (t.shape[0],):
+        raise ValueError(f"train_loo must have shape ({t.shape[0]},); got {loo.shape}")
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(d[:, 1] > 0, d[:, 0] / d[:, 1], 0.0)
     out = {

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from scorelib.metrics import memorisation_stats, nearest_neighbour_distances, nearest_neighbours
+from scorelib.metrics.memorisation import leave_one_out_distances
 
 
 def _brute(samples, train, exclude_self=False):
@@ -108,6 +109,10 @@ def test_memorisation_stats_brute_force():
     assert st["ratio_copy_rate"] == pytest.approx(np.mean(bs[:, 0] / bs[:, 1] < 1 / 3))
     assert st["reference_nn_mean"] == pytest.approx(br.mean(), rel=1e-5)
     assert st["nn_mean_ratio"] == pytest.approx(bs[:, 0].mean() / br.mean(), rel=1e-5)
+    again = memorisation_stats(samples, train, ref_imgs, train_loo=leave_one_out_distances(train))
+    assert again == st
+    with pytest.raises(ValueError, match="train_loo"):
+        memorisation_stats(samples, train, train_loo=np.ones(3))
     copies = memorisation_stats(train[:10], train)
     assert copies["sample_nn_mean"] == 0.0 and copies["copy_rate"] == 1.0
     assert "nn_mean_ratio" not in copies
