@@ -7,9 +7,11 @@ tight clusters), batch 256, the paper's defaults (``T = 0.95``, ``S = 100``: 5 E
 * ``exact``: the streamed softmax (``scorelib.scores.EmpiricalScore``; two ``b x N x d``
   matmuls per perturbed query batch per step);
 * ``nn-jax``: the NN estimator with the exact blocked top-k in JAX (one matmul);
-* ``nn-flat`` / ``nn-ivf`` / ``nn-hnsw``: the NN estimator on a faiss index (exact
-  ``IndexFlatL2``; IVF with ``nlist = 4 sqrt(N)``, ``nprobe = 16``; HNSW with 32 links,
-  ``efSearch = 64``), with the recall@k of the approximate ones against the exact top-k;
+* ``nn-flat`` / ``nn-ivf[:nprobe]`` / ``nn-hnsw[:efSearch]``: the NN estimator on a faiss
+  index (exact ``IndexFlatL2``; IVF with ``nlist = 4 sqrt(N)``, ``nprobe = 16`` unless
+  given; HNSW with 32 links, ``efSearch = 64`` unless given), with the recall@k of the
+  approximate ones against the exact top-k on the sampler's own queries (every perturbed
+  query of every step of the exact run, recorded);
 
 against a straightforward NumPy + faiss port measured in the same run (the baseline of the
 issue: full softmax in NumPy; NN with ``IndexFlatL2``), for ``N <= --baseline-max-n``.
@@ -18,8 +20,20 @@ For each path: samples/s, effective GFLOP/s (the matmul work of the exact or NN 
 the mean distance of its samples to the exact ones from the same starts and draws. The NN
 paths' cost exponent in ``N`` is fitted (``samples/s ~ N^-a``) over the sizes run.
 
+Reusing one search along a trajectory (the queries move little between the 5 steps): on
+the recorded queries, the fraction of later-step queries ``q`` whose top-``k`` would be
+certified exact from the top-``K' = 4k`` of the same draw's first-step query ``q1`` by the
+triangle inequality (every point outside that top-``K'`` is at least
+``d_K'(q1) - |q - q1|`` from ``q``; certified when ``d_k(q)`` is below that), beside the
+relative distance contrast ``(d_K'(q1) - d_k(q1)) / d_k(q1)`` and the median step
+``|q - q1|`` (distance concentration in 64-d Gaussian data makes the contrast small).
+
     .venv/bin/python benchmarks/closed_form.py [--ns 1000 10000 100000 1000000] [--dims 2 64]
         [--data gaussian clustered] [--paths exact nn-jax nn-flat nn-ivf nn-hnsw] [--repeats 2]
+        [--baseline-max-n 100000] [--slow-max-n 100000] [--out rows.json]
+
+The port baseline runs for ``N <= --baseline-max-n`` only, and ``nn-flat``/``nn-hnsw``
+(slow search or index build) for ``N <= --slow-max-n``.
 
 Timings are wall clock, minimum over ``--repeats`` runs after a compile run.
 """
@@ -30,13 +44,16 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 from scipy.special import logsumexp
 
+from scorelib.metrics import mean_paired_distance
 from scorelib.processes.rectified import RectifiedFlow
 from scorelib.samplers.cfdm import cfdm_sample
 from scorelib.scores import EmpiricalScore, NeighbourScore, SmoothedScore
@@ -107,22 +124,88 @@ def library_source(path, table):
     elif path == "nn-jax":
         est = NeighbourScore.create(table, k=K, l=L)
     else:
-        kind = path.split("-")[1]
+        kind, _, arg = path.split("-")[1].partition(":")
+        nlist = int(4 * np.sqrt(table.n))
         opts = {
             "flat": {},
-            "ivf": {"nlist": int(4 * np.sqrt(table.n)), "nprobe": 16},
-            "hnsw": {"hnsw_m": 32, "ef_search": 64},
+            "ivf": {"nlist": nlist, "nprobe": min(nlist, int(arg or 16))},
+            "hnsw": {"hnsw_m": 32, "ef_search": int(arg or 64)},
         }[kind]
         est = NeighbourScore.create(table, k=K, l=L, backend="faiss", index=kind, **opts)
     return SmoothedScore.create(est, sigma_s=SIGMA, M=M), est
 
 
-def run_case(kind, n, d, paths, repeats, baseline_max_n, log):
+class Store:
+    """A list of host arrays (hashed by identity: a static field of a jitted pytree)."""
+
+    def __init__(self):
+        self.items = []
+
+
+class Recorder(struct.PyTreeNode):
+    """The exact estimator, recording every query it is asked (host callback)."""
+
+    table: EmpiricalScore
+    store: Store = struct.field(pytree_node=False, default=None)
+
+    @property
+    def process(self):
+        return self.table.process
+
+    @property
+    def data_shape(self):
+        return self.table.data_shape
+
+    def posterior_mean(self, y, ve_sigma, keys=None):
+        jax.debug.callback(lambda q: self.store.items.append(np.asarray(q)), y, ordered=True)
+        return self.table.posterior_mean(y, ve_sigma, keys)
+
+
+def sampler_queries(table, key) -> np.ndarray:
+    """``[steps, B, M, d]``: the perturbed queries of each step of one exact sampler run."""
+    store = Store()
+    src = SmoothedScore.create(Recorder(table=table, store=store), sigma_s=SIGMA, M=M)
+    jax.block_until_ready(cfdm_sample(src, key, B, T=T, S=S)[0])
+    jax.effects_barrier()
+    return np.stack(store.items).reshape(len(store.items), B, M, -1)
+
+
+def reuse_stats(table, queries, k_big: int) -> dict:
+    """Certificate of reusing the first step's top-``k_big`` (module docstring)."""
+    steps, b, m, d = queries.shape
+    train = np.asarray(table.data[: table.n], np.float64)
+
+    def dists(q, kk):
+        idx = np.asarray(top_k_neighbours(table, jnp.asarray(q, jnp.float32), kk))
+        return np.sqrt(np.sum((train[idx] - q[:, None].astype(np.float64)) ** 2, -1))
+
+    q1 = queries[0].reshape(b * m, d)
+    d1 = dists(q1, k_big)
+    ok, moves = [], []
+    for j in range(1, steps):
+        q = queries[j].reshape(b * m, d)
+        move = np.sqrt(np.sum((q.astype(np.float64) - q1) ** 2, -1))
+        ok.append(dists(q, K)[:, -1] <= d1[:, -1] - move)
+        moves.append(move)
+    return {
+        "reuse_k_big": k_big,
+        "reuse_certified": float(np.mean(ok)),
+        "contrast": float(np.median((d1[:, -1] - d1[:, K - 1]) / d1[:, K - 1])),
+        "median_move": float(np.median(moves)),
+        "median_d_k": float(np.median(d1[:, K - 1])),
+    }
+
+
+def run_case(kind, n, d, paths, repeats, baseline_max_n, slow_max_n, log):
     train = data(kind, n, d)
     table = EmpiricalScore.create(RectifiedFlow(), train, chunk=4096)
     key = jax.random.key(0)
+    queries = sampler_queries(table, key)  # [steps, B, M, d]
+    flat_q = jnp.asarray(queries.reshape(-1, d), jnp.float32)
     rows, exact_x = [], None
     for path in paths:
+        if n > slow_max_n and path.split(":")[0] in ("nn-flat", "nn-hnsw"):
+            continue
         src, est = library_source(path, table)
         t, x = best_time(lambda src=src: np.asarray(cfdm_sample(src, key, B, T=T, S=S)[0]), repeats)
         flops = STEPS * M * (2 if path == "exact" else 1) * 2 * B * n * d
@@ -135,18 +218,15 @@ def run_case(kind, n, d, paths, repeats, baseline_max_n, log):
             "path": path,
             "samples_per_s": B / t,
             "gflops": flops / t / 1e9 if path in ("exact", "nn-jax", "nn-flat") else None,
-            "dist_to_exact": float(np.mean(np.linalg.norm(x - exact_x, axis=1)))
-            if exact_x is not None
-            else None,
+            "dist_to_exact": mean_paired_distance(x, exact_x) if exact_x is not None else None,
             "recall_at_k": None,
         }
-        if path in ("nn-ivf", "nn-hnsw"):
-            q = jnp.asarray(
-                train[:B] + 0.3 * np.random.default_rng(1).normal(size=(B, d)), jnp.float32
-            )
+        if path.startswith(("nn-ivf", "nn-hnsw")):  # on the sampler's own queries
             row["recall_at_k"] = recall_at_k(
-                np.asarray(est.search(q)), np.asarray(top_k_neighbours(table, q, K))
+                np.asarray(est.search(flat_q)), np.asarray(top_k_neighbours(table, flat_q, K))
             )
+        if path == "exact":
+            row.update(reuse_stats(table, queries, 4 * K))
         rows.append(row)
         log(row)
     if n <= baseline_max_n:
@@ -198,12 +278,20 @@ def main():
     )
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--baseline-max-n", type=int, default=100000)
+    ap.add_argument("--slow-max-n", type=int, default=100000)
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     a = ap.parse_args()
     peak = matmul_peak(a.repeats)
+    here = os.path.dirname(os.path.abspath(__file__))
+    git = lambda *c: subprocess.run(  # noqa: E731
+        ["git", *c], cwd=here, capture_output=True, text=True
+    ).stdout.strip()
+    revision = {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))}
+    load = os.getloadavg()
     print(
         f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-        f"jax {jax.__version__}; float32 matmul peak {peak:.1f} GFLOP/s",
+        f"jax {jax.__version__}; float32 matmul peak {peak:.1f} GFLOP/s; revision "
+        f"{revision['commit'][:7]}{' (dirty)' if revision['dirty'] else ''}; load {load}",
         flush=True,
     )
     rows = []
@@ -217,6 +305,7 @@ def main():
                     a.paths,
                     a.repeats,
                     a.baseline_max_n,
+                    a.slow_max_n,
                     log=lambda r: print(json.dumps(r), flush=True),
                 )
     print(
@@ -231,13 +320,33 @@ def main():
             f"| {r['data']} | {r['d']} | {r['N']:,} | {r['path']} | {r['samples_per_s']:.0f} "
             f"| {g} | {dist} | {rec} |"
         )
+    print("\nreuse of the first step's top-4k (fraction of later queries certified exact):")
+    for r in rows:
+        if "reuse_certified" in r:
+            print(
+                f"  {r['data']} d={r['d']} N={r['N']:,}: certified {r['reuse_certified']:.3f}, "
+                f"contrast (d_4k - d_k)/d_k {r['contrast']:.3f}, median |q - q1| "
+                f"{r['median_move']:.3f}, median d_k {r['median_d_k']:.3f}"
+            )
     exps = exponents(rows)
     print("\nfitted cost exponent a (time per sample ~ N^a):")
     for k, v in exps.items():
         print(f"  {k}: {v:.2f}")
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"peak_gflops": peak, "rows": rows, "exponents": exps}, f, indent=1)
+            json.dump(
+                {
+                    "command": "benchmarks/closed_form.py " + " ".join(os.sys.argv[1:]),
+                    "revision": revision,
+                    "load_at_start": load,
+                    "load_at_end": os.getloadavg(),
+                    "peak_gflops": peak,
+                    "rows": rows,
+                    "exponents": exps,
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

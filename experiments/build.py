@@ -238,7 +238,14 @@ def build_model(cfg: DictConfig, data_shape: tuple[int, ...], seed: int) -> nnx.
     return model
 
 
-def build_objective(cfg: DictConfig, process):
+def build_objective(cfg: DictConfig, process, data: Data | None = None):
+    """The objective of ``cfg.objective`` on ``process``; an objective whose builder takes
+    ``train`` (``objective=smoothed``) gets the training images of ``data``.
+
+    Raises:
+      ValueError: naming the field (``objective.train`` for such an objective without image
+        data).
+    """
     if "target" in cfg.objective and "target" not in cfg.data:
         raise ValueError(
             f"objective.target: the objective {cfg.objective._target_} needs a target with a "
@@ -246,6 +253,15 @@ def build_objective(cfg: DictConfig, process):
         )
     target, kwargs = component_kwargs(cfg.objective, "objective")
     make = instantiate({"_target_": target, **kwargs}, _partial_=True, _convert_="all")
+    fn = get_object(target)
+    if "train" in inspect.signature(fn.__init__ if inspect.isclass(fn) else fn).parameters:
+        if data is None or data.images is None:
+            raise ValueError(
+                f"objective.train: {target} regresses onto a score of the training set: it "
+                "needs an image data set (data=digits | mnist | npz); got "
+                f"data={cfg.data.name}"
+            )
+        return make(process=process, train=data.images.train)
     return make(process=process)
 
 
@@ -389,9 +405,9 @@ def setup(cfg: DictConfig, mesh=None) -> Run:
         parallel.check_batch_size(tc.batch_size, mesh)
     check_real(cfg.data.sigma_data, "data.sigma_data", low=0.0, low_open=True, high_open=True)
     process = build_process(cfg)
-    objective = build_objective(cfg, process)
-    sampling = build_sampler(cfg, process)
     data = build_data(cfg)
+    objective = build_objective(cfg, process, data)
+    sampling = build_sampler(cfg, process)
     model = build_model(cfg, data.data_shape, tc.seed)
     optimizer = training.make_optimizer(
         cfg.optim.lr,

@@ -106,6 +106,25 @@ class DSMConfig:
     reduce: str = "mean"
 
 
+@dataclass
+class SmoothedObjectiveConfig:
+    """``objective=smoothed``: regression onto the smoothed closed-form score of the run's
+    training set (``scorelib.objectives.smoothed``; image data only)."""
+
+    _target_: str = "scorelib.objectives.smoothed.smoothed_score_matching"
+    sigma_s: float = 0.8  # smoothing scale (>= 0, data units)
+    M: int = 2  # smoothing draws (>= 1)
+    estimator: str = "nn"  # nn | exact
+    k: int | None = None  # estimator=nn: neighbours (null: 15)
+    l: int | None = None  # estimator=nn: uniform draws (null: 15)
+    chunk: int = 4096
+    redraw: bool = False
+    P_mean: float = -1.2
+    P_std: float = 1.2
+    sigma_data: float = 0.5
+    reduce: str = "mean"
+
+
 # --- sampler -------------------------------------------------------------------
 
 #: Options of each grid (``scorelib.samplers.grids``); ``null`` in a config means "the
@@ -423,6 +442,7 @@ def group_schemas() -> dict[tuple[str, str], type]:
         ("model", "unet"): UNetConfig,
         ("objective", "edm"): EDMLossConfig,
         ("objective", "dsm"): DSMConfig,
+        ("objective", "smoothed"): SmoothedObjectiveConfig,
         ("data", "digits"): DigitsDataConfig,
         ("data", "mnist"): MnistDataConfig,
         ("data", "toy"): ToyDataConfig,

@@ -11,6 +11,7 @@ from scorelib.metrics.classifier import (
 )
 from scorelib.metrics.distances import (
     energy_distance,
+    mean_paired_distance,
     median_bandwidth,
     mmd_rbf,
     sample_distances,
@@ -58,6 +59,7 @@ __all__ = [
     "pf_ode_log_likelihood",
     "precision_recall",
     "relative_score_error",
+    "mean_paired_distance",
     "sample_distances",
     "sliced_wasserstein2",
     "squared_distances",

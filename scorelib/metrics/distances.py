@@ -215,6 +215,27 @@ def mmd_rbf(x, y, bandwidth: float | None = None, *, unbiased: bool = False) -> 
     return (kxx - n) / (n * (n - 1)) + (kyy - m) / (m * (m - 1)) - 2.0 * kxy
 
 
+def mean_paired_distance(x, y) -> float:
+    """Mean L2 distance ``mean_i ||x_i - y_i||`` between paired samples (data units).
+
+    For two samplers run from the same starts and draws (e.g. the nearest-neighbour
+    estimator against the exact score), how far apart their samples land.
+
+    Args:
+      x, y: ``[n, *shape]`` each, ``n >= 1``; row ``i`` of one is paired with row ``i``
+        of the other.
+
+    Raises:
+      ValueError: for empty or mismatched inputs.
+    """
+    x = np.asarray(x, np.float64)
+    y = np.asarray(y, np.float64)
+    if x.shape != y.shape or x.ndim < 1 or x.shape[0] < 1:
+        raise ValueError(f"x and y must both be [n >= 1, *shape]; got {x.shape} and {y.shape}")
+    diff = (x - y).reshape(x.shape[0], -1)
+    return float(np.mean(np.sqrt(np.sum(diff**2, axis=1))))
+
+
 def sample_distances(samples, reference, *, n_projections: int = 256, seed: int = 0) -> dict:
     """Energy distance and sliced W2 of ``samples`` to ``reference`` (NaN for failed samples).
 

@@ -67,52 +67,91 @@ def nearest_neighbour_distances(samples, train, *, block_size: int = 256) -> np.
     return nearest_neighbours(samples, train, k=1, block_size=block_size)[0][:, 0]
 
 
-def memorisation_stats(samples, train, reference=None, *, copy_fraction: float = 1.0 / 3.0):
+def leave_one_out_distances(train) -> np.ndarray:
+    """``[m]`` float32 distance of each image of ``train: [m, *shape]`` to its nearest other
+    image (:func:`nearest_neighbours` with ``exclude_self``): the radii of the copy rate."""
+    return nearest_neighbours(train, train, k=1, exclude_self=True)[0][:, 0]
+
+
+def memorisation_stats(
+    samples, train, reference=None, *, copy_fraction: float = 1.0 / 3.0, train_loo=None
+):
     """Summary statistics of sample-to-training-set distances.
+
+    The copy rate is per training point: a sample copies training image ``j`` when it lies
+    closer to ``x_j`` than ``copy_fraction`` times ``x_j``'s own leave-one-out
+    nearest-neighbour distance ``r_j = min_{i != j} ||x_i - x_j||``, so the threshold
+    follows the local density of the training set (a copy of an isolated image counts
+    as a copy of a crowded one does). Only the nearest training image needs checking:
+    with ``copy_fraction <= 1/2``, ``||s - x_j|| < r_j / 3`` makes every other ``x_i`` at
+    least ``r_j - r_j / 3 > ||s - x_j||`` away (triangle inequality), so ``x_j`` is the
+    sample's nearest image.
 
     Args:
       samples: ``[n, *shape]`` generated images; train: ``[m, *shape]`` the training
         set (``m >= 3``); reference: optional ``[r, *shape]`` held-out real images
         (the test split), the yardstick for what a fresh image looks like.
-      copy_fraction: threshold factor for the copy rates below.
+      copy_fraction: threshold factor for the copy rates below, in ``(0, 1/2]``.
+      train_loo: optional ``[m]`` :func:`leave_one_out_distances` of ``train``, computed
+        once for many sample sets (``None``: computed here).
 
     Returns:
       dict of floats:
 
       * ``sample_nn_mean``, ``sample_nn_median``: NN distance of samples to ``train``.
       * ``train_loo_nn_median``: median leave-one-out NN distance within ``train``.
-      * ``copy_rate``: fraction of samples with NN distance
-        ``< copy_fraction * train_loo_nn_median``.
+      * ``copy_rate``: fraction of samples with ``d(s, x_j) < copy_fraction * r_j`` for
+        their nearest training image ``x_j`` (the definition above).
       * ``ratio_copy_rate``: fraction of samples with ``d_1 / d_2 < copy_fraction``
         (first over second nearest distance; Yoon et al. 2023 use 1/3).
       * with ``reference``: ``reference_nn_mean``, ``reference_nn_median``,
         ``nn_mean_ratio = sample_nn_mean / reference_nn_mean`` (well below 1 means
         samples sit closer to training images than fresh data does), and
-        ``reference_copy_rate`` (the same threshold applied to the reference).
+        ``reference_copy_rate`` (the same per-point rule applied to the reference).
 
     Raises:
-      ValueError: for mismatched shapes or a training set of fewer than 3 images.
+      ValueError: for mismatched shapes, a training set of fewer than 3 images or a
+        ``copy_fraction`` outside ``(0, 1/2]``.
     """
     t = np.asarray(train)
     if t.shape[0] < 3:
         raise ValueError(f"train needs at least 3 images; got {t.shape[0]}")
-    d, _ = nearest_neighbours(samples, t, k=2)
-    loo = nearest_neighbours(t, t, k=1, exclude_self=True)[0][:, 0]
-    loo_med = float(np.median(loo))
-    thr = copy_fraction * loo_med
+    if not 0.0 < copy_fraction <= 0.5:
+        raise ValueError(f"copy_fraction must be in (0, 1/2]; got {copy_fraction}")
+    d, idx = nearest_neighbours(samples, t, k=2)
+    loo = leave_one_out_distances(t) if train_loo is None else np.asarray(train_loo)
+    if loo.shape != (t.shape[0],):
+        raise ValueError(f"train_loo must have shape ({t.shape[0]},); got {loo.shape}")
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(d[:, 1] > 0, d[:, 0] / d[:, 1], 0.0)
     out = {
         "sample_nn_mean": float(np.mean(d[:, 0])),
         "sample_nn_median": float(np.median(d[:, 0])),
-        "train_loo_nn_median": loo_med,
-        "copy_rate": float(np.mean(d[:, 0] < thr)),
+        "train_loo_nn_median": float(np.median(loo)),
+        "copy_rate": copy_rate(d[:, 0], idx[:, 0], loo, copy_fraction),
         "ratio_copy_rate": float(np.mean(ratio < copy_fraction)),
     }
     if reference is not None:
-        r = nearest_neighbour_distances(reference, t)
-        out["reference_nn_mean"] = float(np.mean(r))
-        out["reference_nn_median"] = float(np.median(r))
+        r, r_idx = nearest_neighbours(reference, t, k=1)
+        out["reference_nn_mean"] = float(np.mean(r[:, 0]))
+        out["reference_nn_median"] = float(np.median(r[:, 0]))
         out["nn_mean_ratio"] = out["sample_nn_mean"] / out["reference_nn_mean"]
-        out["reference_copy_rate"] = float(np.mean(r < thr))
+        out["reference_copy_rate"] = copy_rate(r[:, 0], r_idx[:, 0], loo, copy_fraction)
     return out
+
+
+def copy_rate(nn_dist, nn_idx, train_loo, copy_fraction: float = 1.0 / 3.0) -> float:
+    """Fraction of samples within ``copy_fraction`` of their nearest training image's own
+    leave-one-out NN distance: ``mean_s [nn_dist_s < copy_fraction * train_loo[nn_idx_s]]``.
+
+    Args:
+      nn_dist: ``[n]`` distance of each sample to its nearest training image.
+      nn_idx: ``[n]`` index of that image.
+      train_loo: ``[m]`` leave-one-out NN distance of each training image.
+
+    A sample at distance 0 counts as a copy even on an image duplicated in the training
+    set (where ``train_loo`` is 0 and nothing is strictly closer).
+    """
+    d = np.asarray(nn_dist)
+    thr = copy_fraction * np.asarray(train_loo)[np.asarray(nn_idx)]
+    return float(np.mean((d < thr) | (d == 0)))

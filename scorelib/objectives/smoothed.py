@@ -13,9 +13,11 @@ denoiser in place of the clean example::
     ln sigma ~ N(P_mean, P_std^2),  x_t = alpha(t) (x0 + sigma n),
     lambda = (sigma^2 + sigma_data^2) / (sigma sigma_data)^2.
 
-Example ``b`` draws ``(z, n)`` from ``fold_in(key, b)`` (``example_draws``) and its
-smoothing draws (and the NN estimator's uniform points) from ``fold_in(fold_in(key, 1), b)``
-(``SmoothedScore.for_examples``), so its loss does not depend on its batch.
+The step's key is split into two streams, ``fold_in(key, 0)`` and ``fold_in(key, 1)``:
+example ``b`` draws ``(z, n)`` from ``fold_in(fold_in(key, 0), b)`` (``example_draws``) and
+its smoothing draws (and the NN estimator's uniform points) from
+``fold_in(fold_in(key, 1), b)`` (``SmoothedScore.for_examples``); no key of one stream is
+an ancestor of a key of the other, and a loss does not depend on its batch.
 
 Unlike the other objectives (static pytrees of hyperparameters) this one holds the training
 set, so it is a pytree with the teacher's arrays as leaves.
@@ -30,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from scorelib._checks import check_choice, check_real, require
+from scorelib._checks import check_choice, check_int, check_real, require
 from scorelib.objectives.base import REDUCTIONS, Objective, example_draws, reduce_per_example
 from scorelib.objectives.weights import edm_weight
 from scorelib.processes.base import broadcast_to_data
@@ -95,11 +97,69 @@ class SmoothedScoreMatching(Objective, struct.PyTreeNode):
           ``(losses [batch], {"sigma": [batch]})``, ``sigma`` the VE-frame noise levels.
         """
         p = self.teacher.process
-        z, n = example_draws(key, x0, "normal")
+        k_example, k_teacher = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
+        z, n = example_draws(k_example, x0, "normal")
         sigma = jnp.exp(self.P_mean + self.P_std * z)
         t = p.t_of_ve_sigma(sigma)
         xt = broadcast_to_data(p.alpha(t), x0) * (x0 + broadcast_to_data(sigma, x0) * n)
-        teacher = self.teacher.for_examples(jax.random.fold_in(key, 1), x0.shape[0])
+        teacher = self.teacher.for_examples(k_teacher, x0.shape[0])
         label = jax.lax.stop_gradient(teacher.denoiser(xt, t))
         err = reduce_per_example((source.denoiser(xt, t) - label) ** 2, self.reduce)
         return edm_weight(ve_sigma=sigma, sigma_data=self.sigma_data) * err, {"sigma": sigma}
+
+
+def smoothed_score_matching(
+    process,
+    train,
+    *,
+    sigma_s: float,
+    M: int,
+    estimator: str = "nn",
+    k: int | None = None,
+    l: int | None = None,  # noqa: E741
+    chunk: int = 4096,
+    redraw: bool = False,
+    P_mean: float = -1.2,
+    P_std: float = 1.2,
+    sigma_data: float = 0.5,
+    reduce: str = "mean",
+) -> SmoothedScoreMatching:
+    """:class:`SmoothedScoreMatching` onto the smoothed closed-form score of ``train`` (what
+    ``objective=smoothed`` builds).
+
+    Args:
+      process: the network's process (the teacher's too).
+      train: ``[N, *data_shape]`` the training set (data units).
+      sigma_s: the smoothing scale (``>= 0``); M: smoothing draws (``>= 1``); redraw: see
+        :mod:`scorelib.scores.smoothed`.
+      estimator: ``nn`` (the k-nearest + l-uniform estimator, cheap labels) or ``exact``.
+      k, l: ``estimator=nn`` only (default 15 each; ``1 <= k <= N``, ``l >= 0``).
+      chunk: training points per streamed block of the exact softmax and the top-k search.
+      P_mean, P_std, sigma_data, reduce: as :class:`scorelib.objectives.EDMLoss`.
+
+    Raises:
+      ValueError: naming ``objective.<field>``, before anything is compiled.
+    """
+    from scorelib.scores import EmpiricalScore, NeighbourScore
+
+    check_real(sigma_s, "objective.sigma_s", low=0.0)
+    check_int(M, "objective.M", low=1)
+    require(isinstance(redraw, bool), "objective.redraw", "a bool", redraw)
+    estimator = check_choice(estimator, "objective.estimator", ("exact", "nn"))
+    table = EmpiricalScore.create(process, train, chunk=check_int(chunk, "objective.chunk", low=1))
+    if estimator == "exact":
+        for name, value in (("k", k), ("l", l)):
+            require(
+                value is None, f"objective.{name}", "null with objective.estimator=exact", value
+            )
+        est = table
+    else:
+        n = table.n
+        k = check_int(15 if k is None else k, "objective.k", low=1, high=n)
+        l = check_int(15 if l is None else l, "objective.l", low=0)  # noqa: E741
+        require(l == 0 or k < n, "objective.l", "0 when objective.k = N (no other points)", l)
+        est = NeighbourScore.create(table, k=k, l=l)
+    teacher = SmoothedScore.create(est, sigma_s=sigma_s, M=M, redraw=redraw)
+    return SmoothedScoreMatching.create(
+        teacher, P_mean=P_mean, P_std=P_std, sigma_data=sigma_data, reduce=reduce
+    )

@@ -13,15 +13,15 @@ with ``ve_sigma = sigma / alpha``; the score follows by Tweedie,
 
 The softmax over the training set is computed online over chunks of the training set
 (a running max, sum and weighted sum, as in a streaming ``logsumexp``), so memory is
-``O(batch x chunk + batch x (n / chunk) x exact_top x d)`` whatever ``n`` is. Inside a
-chunk the logits come from one matmul, ``||y||^2 - 2 y.x_i + ||x_i||^2``: that form cancels
-catastrophically for a query near a training point at small sigma (its float32 error,
-about ``1e-7 ||y||^2``, divided by ``2 sigma^2``), so the ``exact_top`` largest logits of
-each query in each chunk are left out of the running sums and recomputed exactly from
-differences ``||y - x_i||^2`` after the scan. The answer is then exact unless more than
-``exact_top`` points of one chunk lie within the matmul error of the nearest one; the
-tests check it against a float64 loop at ``sigma = 1e-4``, at a training point and far
-from data.
+``O(batch x chunk)`` whatever ``n`` is. Inside a chunk the logits come from one matmul,
+``||y||^2 - 2 y.x_i + ||x_i||^2``: that form cancels catastrophically for a query near a
+training point at small sigma (its float32 error, about ``1e-7 ||y||^2``, divided by
+``2 sigma^2``), so the points of the ``exact_top`` sub-blocks (16 consecutive points, see
+:func:`scan_blocks`) with the largest logits of each query in each chunk are left out of
+the matmul sums and added with logits recomputed from differences ``||y - x_i||^2``. The
+answer is then exact unless the points within the matmul error of the nearest one fall
+in more than ``exact_top`` sub-blocks of one chunk; the tests check it against a float64
+loop at ``sigma = 1e-4``, at a training point and far from data.
 """
 
 from __future__ import annotations
@@ -54,8 +54,83 @@ def _accumulate(stats, logits, w_points):
     return m_new, l * scale + jnp.sum(w, -1), acc * scale[:, None] + w_points(w)
 
 
+def sub_block(chunk: int) -> int:
+    """Points per sub-block of a chunk: the largest divisor of ``chunk`` up to 16."""
+    return max(s for s in range(1, 17) if chunk % s == 0)
+
+
+def scan_blocks(table, y, body, init):
+    """Scan ``body`` over the training table in blocks of ``table.chunk`` points.
+
+    The one home of the blocked matmul: block ``j`` holds points ``p: [c, d]`` and gets
+    ``g = 2 y.p^T - ||p||^2: [b, c]`` (``= ||y||^2 - ||y - p||^2``, so larger is nearer;
+    ``-inf`` on padding rows), from one ``[b, d] x [d, c]`` matmul, and ``g``'s maxima over
+    sub-blocks of ``sub_block(c)`` consecutive points, ``gmax: [b, c / sub]`` (a plain max
+    is cheap on CPU, where an arg-max or top-k over ``c`` costs about 40% of the matmul:
+    callers search the few sub-blocks with the largest maxima instead of all ``c`` points).
+    ``g`` is exact up to float32 cancellation of order ``1e-7 ||y||^2``; callers recompute
+    the distances of the points they keep with :func:`exact_logits`.
+
+    Args:
+      table: anything with ``data [n_pad, d]`` (zero padding rows), ``sq_norms [n_pad]``
+        (``+inf`` on padding rows) and ``chunk`` (an :class:`EmpiricalScore`).
+      y: ``[b, d]`` finite queries (data units).
+      body: ``(carry, (g [b, c], gmax [b, c / sub], p [c, d], start)) -> (carry, out)``,
+        ``start`` the global index of the block's first point (int32).
+      init: the initial carry.
+
+    Returns:
+      ``(carry, outs)`` as :func:`jax.lax.scan`, ``outs`` stacked over the blocks.
+    """
+    c = table.chunk
+    b, d = y.shape
+    sub = sub_block(c)
+    n_chunks = table.data.shape[0] // c
+    pts = table.data.reshape(n_chunks, c, d).astype(y.dtype)
+    sq = table.sq_norms.reshape(n_chunks, c).astype(y.dtype)  # +inf on padding rows
+    starts = jnp.arange(n_chunks, dtype=jnp.int32) * c
+
+    def step(carry, block):
+        p, p_sq, start = block
+        g = 2.0 * (y @ p.T) - p_sq[None]  # padding: 2 y.0 - inf = -inf
+        gmax = jnp.max(g.reshape(b, c // sub, sub), axis=-1)
+        return body(carry, (g, gmax, p, start))
+
+    return jax.lax.scan(step, init, (pts, sq, starts))
+
+
+def top_sub_blocks(gmax, r: int, sub: int):
+    """``[b, r' sub]`` chunk-local indices of the points of the ``r' = min(r, c / sub)``
+    sub-blocks with the largest maxima ``gmax: [b, c / sub]`` (:func:`scan_blocks`).
+
+    The ``r`` largest values of ``g`` all lie in these sub-blocks (each of the ``r``
+    largest points lies in a sub-block whose maximum is at least the ``r``-th value, and
+    at most ``r`` sub-blocks have such a maximum), so an exact top-``r`` of the chunk needs
+    only them.
+    """
+    _, jb = jax.lax.top_k(gmax, min(r, gmax.shape[1]))
+    return (jb[:, :, None] * sub + jnp.arange(sub, dtype=jb.dtype)).reshape(gmax.shape[0], -1)
+
+
+def exact_logits(y, pts, inv2s2):
+    """``-||y_b - p_bj||^2 inv2s2`` from differences (no cancellation near a point).
+
+    Args:
+      y: ``[b, d]``; pts: ``[b, K, d]`` each query's candidate points; inv2s2: a scalar or
+        ``[b, 1]``.
+
+    Returns:
+      ``[b, K]``.
+    """
+    return -jnp.sum((y[:, None, :] - pts) ** 2, axis=-1) * inv2s2
+
+
 def softmax_stats(table, y, inv2s2):
     """Streamed softmax of ``-||y - x_i||^2 inv2s2`` over a padded training table.
+
+    In each chunk the ``exact_top`` sub-blocks with the largest matmul logits (at most
+    ``16 exact_top`` points, :func:`scan_blocks`) are left out of the matmul sums and
+    added with logits recomputed from differences (:func:`exact_logits`).
 
     Args:
       table: anything with ``data [n_pad, d]``, ``valid [n_pad]``, ``sq_norms [n_pad]``,
@@ -67,32 +142,28 @@ def softmax_stats(table, y, inv2s2):
       ``(m [b], l [b], acc [b, d])``: the largest logit, ``sum_i exp(logit_i - m)`` and
       ``sum_i exp(logit_i - m) x_i``, so the softmax mean is ``acc / l[:, None]``.
     """
-    b, d = y.shape
-    c = table.chunk
-    r = min(table.exact_top, c)
-    n_chunks = table.data.shape[0] // c
-    pts = table.data.reshape(n_chunks, c, d).astype(y.dtype)
-    ok = table.valid.reshape(n_chunks, c)
-    sq = table.sq_norms.reshape(n_chunks, c).astype(y.dtype)
+    b = y.shape[0]
+    sub = sub_block(table.chunk)
     yy = jnp.sum(y**2, axis=-1, keepdims=True)  # [b, 1]
-    rows = jnp.arange(b)[:, None]
     neg = jnp.array(-jnp.inf, y.dtype)
+    rows = jnp.arange(b)[:, None]
 
     def body(stats, block):
-        p, v, p_sq, start = block
-        approx = jnp.where(v[None], -(yy - 2.0 * (y @ p.T) + p_sq[None]) * inv2s2, neg)
-        _, j = jax.lax.top_k(approx, r)  # [b, r]: the block's likely nearest, done exactly
-        rest = approx.at[rows, j].set(neg)
-        return _accumulate(stats, rest, lambda w: w @ p), start + j
+        g, gmax, p, _ = block
+        loc = top_sub_blocks(gmax, table.exact_top, sub)  # [b, r sub]: done exactly
+        picked = loc[:, ::sub] // sub  # [b, r] their sub-blocks
+        hit = jnp.zeros(gmax.shape, bool).at[rows, picked].set(True)  # [b, c / sub]
+        approx = ((g - yy) * inv2s2).reshape(hit.shape + (sub,))  # -inf stays on padding
+        rest = jnp.where(hit[..., None], neg, approx).reshape(g.shape)
+        stats = _accumulate(stats, rest, lambda w: w @ p)
+        pts = p[loc]  # [b, r sub, d]
+        real = jnp.take_along_axis(g, loc, 1) > neg  # padding rows stay out
+        exact = jnp.where(real, exact_logits(y, pts, inv2s2), neg)
+        return _accumulate(stats, exact, lambda w: jnp.einsum("bk,bkd->bd", w, pts)), None
 
     init = (jnp.full((b,), -jnp.inf, y.dtype), jnp.zeros((b,), y.dtype), jnp.zeros_like(y))
-    starts = jnp.arange(n_chunks) * c
-    stats, cand = jax.lax.scan(body, init, (pts, ok, sq, starts))
-    cand = jnp.moveaxis(cand, 0, 1).reshape(b, -1)  # [b, n_chunks * r] global indices
-    cand_pts = table.data[cand].astype(y.dtype)  # [b, K, d]
-    exact = -jnp.sum((y[:, None, :] - cand_pts) ** 2, axis=-1) * inv2s2
-    exact = jnp.where(table.valid[cand], exact, neg)
-    return _accumulate(stats, exact, lambda w: jnp.einsum("bk,bkd->bd", w, cand_pts))
+    stats, _ = scan_blocks(table, y, body, init)
+    return stats
 
 
 class EmpiricalScore(ScoreSource):
@@ -101,10 +172,11 @@ class EmpiricalScore(ScoreSource):
     Fields:
       data: ``[n_pad, d]`` flattened training points, padded to a multiple of ``chunk``.
       valid: ``[n_pad]`` bool, False on padding rows.
-      sq_norms: ``[n_pad]`` squared norms ``||x_i||^2`` (0 on padding rows).
+      sq_norms: ``[n_pad]`` squared norms ``||x_i||^2`` (``+inf`` on padding rows, so
+        their matmul logits are ``-inf``).
       data_shape: unflattened data shape (static).
       chunk: training points per step of the online softmax (static).
-      exact_top: logits per query and chunk recomputed from differences (static).
+      exact_top: sub-blocks per query and chunk recomputed from differences (static).
     """
 
     data: Array = None
@@ -130,8 +202,8 @@ class EmpiricalScore(ScoreSource):
           data: the training set.
           chunk: training points per online-softmax step (>= 1); lower it for large
             ``batch x d`` to bound memory at ``batch x chunk`` floats.
-          exact_top: the largest logits of each query in each chunk recomputed from differences
-            (>= 1; see the module docstring).
+          exact_top: the sub-blocks (up to 16 points each) with the largest logits of each
+            query in each chunk recomputed from differences (>= 1; module docstring).
 
         Raises:
           ValueError: for empty or non-finite data or a bad ``chunk`` / ``exact_top``.
@@ -154,7 +226,7 @@ class EmpiricalScore(ScoreSource):
             process=process,
             data=jnp.asarray(flat, dtype),
             valid=jnp.asarray(valid),
-            sq_norms=jnp.asarray(np.sum(flat**2, axis=1), dtype),
+            sq_norms=jnp.asarray(np.where(valid, np.sum(flat**2, axis=1), np.inf), dtype),
             data_shape=tuple(x.shape[1:]),
             chunk=chunk,
             exact_top=int(exact_top),

@@ -15,8 +15,8 @@ The logits are recomputed exactly from differences after the search.
 Search backends (``backend``):
 
 * ``jax`` (default, any device): exact top-``k`` of the matmul distances
-  ``-2 y.x_i + ||x_i||^2``, blocked over the training set like
-  :func:`scorelib.scores.empirical.softmax_stats`.
+  ``-2 y.x_i + ||x_i||^2``, blocked over the training set by
+  :func:`scorelib.scores.empirical.scan_blocks` (as the exact softmax is).
 * ``faiss`` (``faiss-cpu``, host callback): ``index = "flat"`` (exact ``IndexFlatL2``),
   ``"ivf"`` (``IndexIVFFlat``, ``nlist`` cells, ``nprobe`` searched) or ``"hnsw"``
   (``IndexHNSWFlat``, ``hnsw_m`` links, ``ef_search``); the approximate ones report their
@@ -37,7 +37,13 @@ import numpy as np
 from flax import struct
 
 from scorelib._checks import check_choice, check_int, require
-from scorelib.scores.empirical import EmpiricalScore
+from scorelib.scores.empirical import (
+    EmpiricalScore,
+    exact_logits,
+    scan_blocks,
+    sub_block,
+    top_sub_blocks,
+)
 
 Array = Any
 
@@ -48,29 +54,27 @@ FAISS_INDEXES = ("flat", "ivf", "hnsw")
 def top_k_neighbours(table: EmpiricalScore, y: Array, k: int) -> Array:
     """``[b, k]`` indices of the ``k`` training points nearest to ``y: [b, d]`` (exact, JAX).
 
-    Blocked over the training set (``table.chunk`` points per matmul), a running top-``k``
-    of ``2 y.x_i - ||x_i||^2`` (padding rows excluded).
+    A running top-``k`` of ``2 y.x_i - ||x_i||^2`` over the blocks of
+    :func:`scorelib.scores.empirical.scan_blocks` (padding rows excluded); in each block
+    only the points of the ``k`` sub-blocks with the largest maxima are ranked
+    (:func:`scorelib.scores.empirical.top_sub_blocks`: exact, and about ``1/16`` of the
+    points).
     """
-    b, d = y.shape
-    c = table.chunk
-    n_chunks = table.data.shape[0] // c
-    pts = table.data.reshape(n_chunks, c, d).astype(y.dtype)
-    ok = table.valid.reshape(n_chunks, c)
-    sq = table.sq_norms.reshape(n_chunks, c).astype(y.dtype)
-    kc = min(k, c)
+    b = y.shape[0]
+    sub = sub_block(table.chunk)
 
     def body(carry, block):
         best, idx = carry
-        p, v, p_sq, start = block
-        score = jnp.where(v[None], 2.0 * (y @ p.T) - p_sq[None], -jnp.inf)
-        val, j = jax.lax.top_k(score, kc)
+        g, gmax, _, start = block
+        loc = top_sub_blocks(gmax, k, sub)  # [b, k' sub] chunk-local
+        val, pos = jax.lax.top_k(jnp.take_along_axis(g, loc, 1), min(k, loc.shape[1]))
+        j = jnp.take_along_axis(loc, pos, 1)
         val, pos = jax.lax.top_k(jnp.concatenate([best, val], 1), k)
         idx = jnp.take_along_axis(jnp.concatenate([idx, start + j], 1), pos, 1)
         return (val, idx), None
 
     init = (jnp.full((b, k), -jnp.inf, y.dtype), jnp.zeros((b, k), jnp.int32))
-    starts = jnp.arange(n_chunks, dtype=jnp.int32) * c
-    (_, idx), _ = jax.lax.scan(body, init, (pts, ok, sq, starts))
+    (_, idx), _ = scan_blocks(table, y, body, init)
     return idx
 
 
@@ -223,7 +227,7 @@ class NeighbourScore(struct.PyTreeNode):
             idx = jnp.concatenate([nbr, rand], 1)
             logc = jnp.concatenate([logc, jnp.full((b, self.l), c, y.dtype)], 1)
         pts = self.table.data[idx].astype(y.dtype)  # [b, k + l, d]
-        logits = -jnp.sum((y[:, None, :] - pts) ** 2, -1) * (0.5 / ve_sigma**2) + logc
+        logits = exact_logits(y, pts, 0.5 / ve_sigma**2) + logc
         w = jax.nn.softmax(logits, axis=1)
         return jnp.einsum("bj,bjd->bd", w, pts)
 

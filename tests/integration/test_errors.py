@@ -67,6 +67,16 @@ BAD_COMMANDS = [
         "process.foo is not an argument of scorelib.processes.VP",
     ),
     (T, ["objective=tsm"], "objective.target"),
+    (T, ["objective=smoothed", "objective.M=0"], "objective.M must be an integer >= 1"),
+    (T, ["objective=smoothed", "objective.sigma_s=-1"], "objective.sigma_s"),
+    (
+        T,
+        ["objective=smoothed", "objective.estimator=exact", "objective.k=3"],
+        "objective.k must be null with objective.estimator=exact",
+    ),
+    (T, ["objective=smoothed", "objective.k=5000"], "objective.k"),
+    (T, ["objective=smoothed", "+objective.foo=1"], "objective.foo"),
+    (T, ["experiment=toy_dsm", "objective=smoothed"], "objective.train"),
     # values out of range (before anything is compiled)
     (T, ["sampler.steps=0"], "sampler.steps"),
     (T, ["process.sigma_min=-1"], "process.sigma_min"),

@@ -10,6 +10,7 @@ import scipy.stats
 
 from scorelib.metrics import (
     energy_distance,
+    mean_paired_distance,
     median_bandwidth,
     mmd_rbf,
     sample_distances,
@@ -173,3 +174,15 @@ def test_sample_distances_reports_failed_samples_as_nan():
     }
     x[3, 1] = np.inf
     assert all(math.isnan(v) for v in sample_distances(x, y).values())
+
+
+def test_mean_paired_distance_is_a_loop_over_pairs():
+    rng = np.random.default_rng(9)
+    x, y = rng.normal(size=(7, 2, 3)), rng.normal(size=(7, 2, 3))
+    loop = np.mean(
+        [math.sqrt(sum(((u - v) ** 2).ravel().tolist())) for u, v in zip(x, y, strict=True)]
+    )
+    assert mean_paired_distance(x, y) == pytest.approx(loop, rel=1e-12)
+    assert mean_paired_distance(x, x) == 0.0
+    with pytest.raises(ValueError, match="x and y"):
+        mean_paired_distance(x, y[:3])

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from scorelib.metrics import memorisation_stats, nearest_neighbour_distances, nearest_neighbours
+from scorelib.metrics.memorisation import leave_one_out_distances
 
 
 def _brute(samples, train, exclude_self=False):
@@ -51,6 +52,46 @@ def test_leave_one_out_with_duplicates():
     assert np.all(idx[:, 0] != np.arange(20))
 
 
+def brute_copy_rate(samples, train, fraction=1 / 3):
+    """The definition as a loop: a sample copies if ANY training point x_j lies closer to it
+    than fraction x (x_j's own leave-one-out NN distance); float64."""
+    s = samples.reshape(len(samples), -1).astype(np.float64)
+    t = train.reshape(len(train), -1).astype(np.float64)
+    r = [min(np.linalg.norm(t[j] - t[i]) for i in range(len(t)) if i != j) for j in range(len(t))]
+    hits = [any(np.linalg.norm(a - t[j]) < fraction * r[j] for j in range(len(t))) for a in s]
+    return float(np.mean(hits))
+
+
+def test_copy_rate_uses_each_training_points_own_radius():
+    # a dense cluster (radius ~0.01) and isolated points (radius ~10): samples 0.5 from an
+    # isolated point copy it; 0.5 from a cluster point they do not; one global threshold
+    # (a third of the median radius) would get both wrong
+    rng = np.random.default_rng(5)
+    cluster = 0.01 * rng.standard_normal((20, 3))
+    isolated = np.diag([10.0, 20.0, 30.0])
+    train = np.concatenate([cluster, isolated]).astype(np.float32)
+    near_isolated = isolated + np.array([0.5, 0.0, 0.0])
+    near_cluster = cluster[:3] + np.array([0.0, 0.0, 0.5])
+    samples = np.concatenate([near_isolated, near_cluster]).astype(np.float32)
+    st = memorisation_stats(samples, train)
+    assert st["copy_rate"] == pytest.approx(brute_copy_rate(samples, train)) == 0.5
+    assert memorisation_stats(near_isolated, train)["copy_rate"] == 1.0
+    assert memorisation_stats(near_cluster, train)["copy_rate"] == 0.0
+
+
+def test_copies_against_held_out_digits():
+    from scorelib.data import load_digits
+
+    ds = load_digits()
+    train, test = np.asarray(ds.train), np.asarray(ds.test)
+    rng = np.random.default_rng(6)
+    jittered = train[:300] + 0.02 * rng.standard_normal(train[:300].shape).astype(np.float32)
+    bad = memorisation_stats(jittered, train, reference=test)
+    good = memorisation_stats(test, train)  # 0.16 vs radii >= 0.66
+    assert bad["copy_rate"] == 1.0 and bad["reference_copy_rate"] == good["copy_rate"] < 0.05
+    assert memorisation_stats(train[:300], train)["copy_rate"] == 1.0
+
+
 def test_memorisation_stats_brute_force():
     rng = np.random.default_rng(3)
     train = rng.standard_normal((30, 6)).astype(np.float32)
@@ -62,11 +103,16 @@ def test_memorisation_stats_brute_force():
     br = _brute(ref_imgs, train)[:, 0]
     assert st["sample_nn_mean"] == pytest.approx(bs[:, 0].mean(), rel=1e-5)
     assert st["train_loo_nn_median"] == pytest.approx(loo, rel=1e-5)
-    assert st["copy_rate"] == pytest.approx(np.mean(bs[:, 0] < loo / 3))
+    assert st["copy_rate"] == pytest.approx(brute_copy_rate(samples, train))
     assert st["copy_rate"] >= 0.4  # the four copies
+    assert st["reference_copy_rate"] == pytest.approx(brute_copy_rate(ref_imgs, train))
     assert st["ratio_copy_rate"] == pytest.approx(np.mean(bs[:, 0] / bs[:, 1] < 1 / 3))
     assert st["reference_nn_mean"] == pytest.approx(br.mean(), rel=1e-5)
     assert st["nn_mean_ratio"] == pytest.approx(bs[:, 0].mean() / br.mean(), rel=1e-5)
+    again = memorisation_stats(samples, train, ref_imgs, train_loo=leave_one_out_distances(train))
+    assert again == st
+    with pytest.raises(ValueError, match="train_loo"):
+        memorisation_stats(samples, train, train_loo=np.ones(3))
     copies = memorisation_stats(train[:10], train)
     assert copies["sample_nn_mean"] == 0.0 and copies["copy_rate"] == 1.0
     assert "nn_mean_ratio" not in copies

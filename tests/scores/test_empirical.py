@@ -114,13 +114,15 @@ def test_query_equal_to_a_training_point(p):
     assert np.all(np.isfinite(np.asarray(src.score(x, t))))
 
 
+@pytest.mark.parametrize("ve_sigma", [1e-2, 1e-4])
 @pytest.mark.parametrize("p", PROCESSES, ids=IDS)
-def test_far_from_data_the_score_points_at_the_nearest_point(p):
+def test_far_from_data_the_score_points_at_the_nearest_point(p, ve_sigma):
     """Far from every point at small noise, score = -(x - alpha x_nn) / sigma^2."""
     rng = np.random.default_rng(4)
     train = rng.normal(size=(500, 8))
     src = EmpiricalScore.create(p, train, chunk=128)
-    t = float(p.t_of_ve_sigma(1e-2)) if not isinstance(p, RectifiedFlow) else 1e-2 / 1.01
+    rf = isinstance(p, RectifiedFlow)  # RF: ve_sigma = t / (1 - t)
+    t = float(p.t_of_ve_sigma(ve_sigma)) if not rf else ve_sigma / (1 + ve_sigma)
     a, s = coefficients(p, t)
     y = rng.normal(size=(5, 8)) * 30.0
     nn = train[np.argmin(np.sum((y[:, None] - train[None]) ** 2, -1), axis=1)]

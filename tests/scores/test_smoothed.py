@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from closed_forms import alpha_sigma
 from scipy.special import logsumexp
 
 from scorelib.processes import EDM, VP
@@ -81,15 +82,26 @@ def test_fixed_draws_do_not_depend_on_time_and_redraws_do():
     assert not np.allclose(redraw.denoiser(x, 0.2), redraw.denoiser(x, 0.2000001))
 
 
-def test_sigma_s_zero_is_the_exact_score_for_any_M():
+@pytest.mark.parametrize("M", [1, 4])
+def test_sigma_s_zero_is_the_exact_score_for_any_M(M):
+    """sigma_s = 0: the score of the noised training mixture, a float64 loop over
+    grad_x log (1/n) sum_i N(x; alpha x_i, sigma^2 I) at each example's own time."""
     rng = np.random.default_rng(2)
-    tab = EmpiricalScore.create(VP(), rng.normal(size=(25, 4)), chunk=8)
-    src = SmoothedScore.create(tab, sigma_s=0.0, M=4).for_examples(jax.random.key(1), 5)
-    x = jnp.asarray(rng.normal(size=(5, 4)), jnp.float32)
-    t = jnp.linspace(0.1, 0.9, 5)
-    np.testing.assert_allclose(
-        np.asarray(src.score(x, t)), np.asarray(tab.score(x, t)), rtol=1e-5, atol=1e-5
-    )
+    train = rng.normal(size=(25, 4))
+    p = VP()
+    src = SmoothedScore.create(
+        EmpiricalScore.create(p, train, chunk=8), sigma_s=0.0, M=M
+    ).for_examples(jax.random.key(1), 5)
+    x = rng.normal(size=(5, 4))
+    t = np.linspace(0.1, 0.9, 5)
+    got = np.asarray(src.score(jnp.asarray(x, jnp.float32), jnp.asarray(t, jnp.float32)))
+    ref = []
+    for xb, tb in zip(x, t, strict=True):
+        a, s = (float(v) for v in alpha_sigma(p, np.float32(tb)))  # the paper's closed form
+        logw = -np.sum((xb - a * train) ** 2, -1) / (2 * s**2)
+        w = np.exp(logw - logsumexp(logw))
+        ref.append((a * (w @ train) - xb) / s**2)
+    np.testing.assert_allclose(got, np.array(ref), rtol=1e-4, atol=1e-4)
 
 
 def test_per_example_draws_do_not_depend_on_the_batch():
