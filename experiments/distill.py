@@ -35,6 +35,7 @@ from scorelib import distill, training
 from scorelib._checks import check_int, require
 from scorelib.keys import example_keys
 from scorelib.nets import MLP
+from scorelib.scores import EmpiricalScore, fit_gaussian
 
 schema.register_configs()
 
@@ -123,8 +124,6 @@ def _check_sections(cfg: DictConfig) -> None:
     check_int(cfg.sampler.num_samples, "sampler.num_samples", low=1)
     check_int(cfg.sampler.batch_size, "sampler.batch_size", low=1)
     check_int(cfg.sampler.seed, "sampler.seed", low=0)
-    for key in _fields(cfg.teacher):
-        require(key in ("run_dir", "step"), f"teacher.{key}", "run_dir or step", key)
     for key in _fields(cfg.optim):
         require(
             key in ("lr", "weight_decay", "b1", "b2"),
@@ -135,41 +134,228 @@ def _check_sections(cfg: DictConfig) -> None:
     build.check_trainer(cfg.trainer)
 
 
-def _teacher_from_run(cfg: DictConfig):
-    """``(teacher, process, data, sigma_data, graphdef, params, model_cfg)`` of a train run."""
-    from experiments.sample import load_run
+#: ``teacher.kind`` -> the ``teacher.*`` fields it uses (besides ``kind``).
+TEACHER_KINDS = {
+    "run": ("run_dir", "step", "data_shape"),
+    "target": ("data_shape",),
+    "gaussian": ("data_shape",),
+    "training_set": ("data_shape",),
+}
+TEACHER_FIELDS = ("kind", "run_dir", "step", "data_shape")
 
+
+@dataclasses.dataclass
+class Teacher:
+    """A teacher score source and the networks a distillation of it starts from."""
+
+    source: Any  # a scorelib ScoreSource
+    process: Any
+    data: build.Data
+    sigma_data: float
+    graphdef: Any  # of the student and the fake score
+    student: Any  # initial parameters of the student ...
+    fake: Any  # ... and of the fake score
+    disc: distill.Discriminator
+    teacher_net: tuple | None  # (graphdef, params) whose features feed the discriminator
+    model_cfg: dict
+    identity: dict  # what names the teacher in the checkpoint's fingerprint
+
+
+def _check_teacher_fields(cfg: DictConfig) -> str:
+    """``teacher.kind``, after refusing the ``teacher.*`` fields it does not use."""
+    tc = cfg.teacher
+    for key in _fields(tc):
+        require(key in TEACHER_FIELDS, f"teacher.{key}", f"one of {list(TEACHER_FIELDS)}", key)
+    kind = tc.get("kind")
+    require(kind in TEACHER_KINDS, "teacher.kind", f"one of {list(TEACHER_KINDS)}", kind)
+    for key in TEACHER_FIELDS[1:]:
+        if tc.get(key) is not None and key not in TEACHER_KINDS[kind]:
+            raise ValueError(
+                f"teacher.{key} is not used by teacher.kind={kind} (it uses "
+                f"{', '.join('teacher.' + k for k in TEACHER_KINDS[kind]) or 'none'}); got "
+                f"teacher.{key}={tc.get(key)}"
+            )
+    if kind == "run" and not tc.get("run_dir"):
+        raise ValueError(
+            "teacher.run_dir must be an experiments.train run with teacher.kind=run; got null "
+            "(or choose teacher.kind=target, gaussian or training_set with data=...)"
+        )
+    if tc.get("step") is not None:
+        check_int(tc.step, "teacher.step", low=0)
+    if tc.get("data_shape") is not None:
+        shape = list(tc.data_shape)
+        require(
+            len(shape) >= 1 and all(isinstance(n, int) and n >= 1 for n in shape),
+            "teacher.data_shape",
+            "null or a list of positive integers",
+            shape,
+        )
+    return kind
+
+
+def check_teacher_run(run_cfg: DictConfig, data_shape, expected, field: str) -> None:
+    """Refuse a teacher run whose data shape or model does not fit the distillation.
+
+    Args:
+      run_cfg: the teacher run's ``config.yaml``.
+      data_shape: the shape of one example of the run's data.
+      expected: ``teacher.data_shape`` (``None``: any shape).
+      field: the field that named the run (``teacher.run_dir``, ``table.teacher``).
+
+    Raises:
+      ValueError: ``<field>=<run>: ...`` naming ``teacher.data_shape`` or the run's model.
+    """
+    data_name = OmegaConf.select(run_cfg, "data.name")
+    if expected is not None and list(data_shape) != list(expected):
+        raise ValueError(
+            f"{field}: a run of data={data_name} with examples of shape {list(data_shape)}; "
+            f"teacher.data_shape={list(expected)} expects examples of shape {list(expected)}"
+        )
+    target = OmegaConf.select(run_cfg, "model._target_") or ""
+    if not target.endswith((".MLP", ".UNet")):
+        raise ValueError(
+            f"{field}: its model {OmegaConf.select(run_cfg, 'model.name')} ({target}) has no "
+            "features for the discriminator heads; the teacher network must be a "
+            "scorelib.nets MLP or UNet"
+        )
+
+
+def _refuse_groups(cfg: DictConfig, kind: str) -> None:
     for group in ("data", "process", "model"):
         if cfg.get(group) is not None:
             raise ValueError(
-                f"{group}: the teacher run's {group} is used with teacher.run_dir; remove "
+                f"{group}: the teacher run's {group} is used with teacher.kind={kind}; remove "
                 f"{group}= (got {group}={OmegaConf.select(cfg, group + '.name') or 'set'})"
             )
     for key in BACKBONE_FIELDS:
         if cfg.distill.get(key) is not None:
             raise ValueError(
                 f"distill.{key}: the discriminator reads the teacher network's features with "
-                f"teacher.run_dir, it has no backbone; set distill.{key}=null"
+                f"teacher.kind={kind}, it has no backbone; set distill.{key}=null"
             )
+
+
+def _teacher_from_run(cfg: DictConfig) -> Teacher:
+    """The EMA network of an ``experiments.train`` run; student and fake start from it."""
+    from experiments.sample import load_run
+
+    _refuse_groups(cfg, "run")
     run_dir = Path(cfg.teacher.run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise FileNotFoundError(
             f"teacher.run_dir={run_dir}: no config.yaml; it must be an experiments.train run"
         )
-    step = cfg.teacher.step
-    if step is not None:
-        check_int(step, "teacher.step", low=0)
-    run, tstate = load_run(run_dir, step=step)
-    teacher = run.source(tstate.ema_params)
-    return (
-        teacher,
-        run.process,
-        run.data,
-        float(run.cfg.data.sigma_data),
-        run.graphdef,
-        tstate.ema_params,
-        _fields(run.cfg.model),
+    run_cfg = OmegaConf.load(run_dir / "config.yaml")
+    if "distill" in run_cfg:
+        raise ValueError(
+            f"teacher.run_dir={run_dir}: an experiments.distill run; the teacher must be an "
+            "experiments.train run"
+        )
+    expected = cfg.teacher.get("data_shape")
+    check_teacher_run(
+        run_cfg, build.build_data(run_cfg).data_shape, expected, f"teacher.run_dir={run_dir}"
     )
+    run, tstate = load_run(run_dir, step=cfg.teacher.get("step"))
+    params = tstate.ema_params
+    graphdef, data = run.graphdef, run.data
+    x = jax.ShapeDtypeStruct((1, *data.data_shape), np.float32)
+    c = jax.ShapeDtypeStruct((1,), np.float32)
+    feats = jax.eval_shape(
+        lambda p, x, c: distill.network_features(graphdef, p, x, c), params, x, c
+    )
+    disc = distill.Discriminator(
+        [f.shape[1:] for f in feats], cfg.distill.disc_width, rngs=nnx.Rngs(cfg.trainer.seed + 1)
+    )
+    return Teacher(
+        source=run.source(params),
+        process=run.process,
+        data=data,
+        sigma_data=float(run.cfg.data.sigma_data),
+        graphdef=graphdef,
+        student=params,
+        fake=params,
+        disc=disc,
+        teacher_net=(graphdef, params),
+        model_cfg=_fields(run.cfg.model),
+        identity={
+            "teacher": str(run_dir.resolve()),
+            "teacher_step": cfg.teacher.get("step"),
+        },
+    )
+
+
+def _teacher_without_network(cfg: DictConfig, kind: str) -> Teacher:
+    """An analytic or exact teacher (``kind`` target, gaussian or training_set): fresh
+    ``model`` networks for the student and the fake score, a discriminator with its own
+    MLP backbone (``distill.backbone_*``)."""
+    seed = cfg.trainer.seed
+    for group in ("data", "process", "model"):
+        if cfg.get(group) is None:
+            raise ValueError(f"{group} is required with teacher.kind={kind}: give {group}=<option>")
+    is_target = cfg.data.get("name") == "target"
+    if kind == "target" and not is_target:
+        raise ValueError(
+            "data must be target with teacher.kind=target (the exact score of a target "
+            f"distribution); got data={cfg.data.get('name')}"
+        )
+    process = build.build_process(cfg)
+    data = build.build_data(cfg)
+    if kind == "target":
+        source = data.target.noisy_score(process)
+        identity = {"teacher": _fields(cfg.data.target)}
+    else:
+        if data.images is None:
+            raise ValueError(
+                f"data must be a data set with a training split (digits, mnist, npz) with "
+                f"teacher.kind={kind}: it is fitted to the training images; got "
+                f"data={cfg.data.get('name')}"
+            )
+        train = data.images.train
+        if kind == "gaussian":
+            source = fit_gaussian(process, train)
+        else:
+            source = EmpiricalScore.create(process, train)
+        identity = {"teacher": kind, "data": _fields(cfg.data)}
+    expected = cfg.teacher.get("data_shape")
+    if expected is not None and list(data.data_shape) != list(expected):
+        raise ValueError(
+            f"data: examples of shape {list(data.data_shape)}; teacher.data_shape="
+            f"{list(expected)} expects examples of shape {list(expected)}"
+        )
+    graphdef, student = nnx.split(build.build_model(cfg, data.data_shape, seed), nnx.Param)
+    fake = nnx.split(build.build_model(cfg, data.data_shape, seed + 1), nnx.Param)[1]
+    width = check_int(cfg.distill.backbone_width, "distill.backbone_width", low=1)
+    depth = check_int(cfg.distill.backbone_depth, "distill.backbone_depth", low=1)
+    backbone = MLP(data.data_shape, width=width, depth=depth, rngs=nnx.Rngs(seed + 2))
+    disc = distill.Discriminator(
+        [(width,)] * depth, cfg.distill.disc_width, backbone, rngs=nnx.Rngs(seed + 1)
+    )
+    return Teacher(
+        source=source,
+        process=process,
+        data=data,
+        sigma_data=float(cfg.data.sigma_data),
+        graphdef=graphdef,
+        student=student,
+        fake=fake,
+        disc=disc,
+        teacher_net=None,
+        model_cfg=_fields(cfg.model),
+        identity=identity,
+    )
+
+
+def build_teacher(cfg: DictConfig) -> Teacher:
+    """The :class:`Teacher` of ``cfg.teacher`` (``teacher.kind``: run, target, gaussian,
+    training_set; see ``configs/distill.yaml``).
+
+    Raises:
+      ValueError, FileNotFoundError: naming the config field, before any compute.
+    """
+    kind = _check_teacher_fields(cfg)
+    if kind == "run":
+        return _teacher_from_run(cfg)
+    return _teacher_without_network(cfg, kind)
 
 
 def setup_distill(cfg: DictConfig) -> DistillRun:
@@ -181,76 +367,32 @@ def setup_distill(cfg: DictConfig) -> DistillRun:
     _check_sections(cfg)
     tc = cfg.trainer
     seed = tc.seed
-    if cfg.teacher.get("step") is not None and not cfg.teacher.get("run_dir"):
-        raise ValueError("teacher.step needs teacher.run_dir; got teacher.run_dir=null")
-    if cfg.teacher.get("run_dir"):
-        teacher, process, data, sigma_data, graphdef, t_params, model_cfg = _teacher_from_run(cfg)
-        student = fake = t_params
-        teacher_net = (graphdef, t_params)
-        x = jax.ShapeDtypeStruct((1, *data.data_shape), np.float32)
-        c = jax.ShapeDtypeStruct((1,), np.float32)
-        feats = jax.eval_shape(
-            lambda p, x, c: distill.network_features(graphdef, p, x, c), t_params, x, c
-        )
-        disc = distill.Discriminator(
-            [f.shape[1:] for f in feats], cfg.distill.disc_width, rngs=nnx.Rngs(seed + 1)
-        )
-        identity = {
-            "teacher": str(Path(cfg.teacher.run_dir).resolve()),
-            "teacher_step": cfg.teacher.get("step"),
-        }
-    else:
-        if cfg.get("data") is None or cfg.data.get("name") != "target":
-            raise ValueError(
-                "teacher.run_dir=<an experiments.train run> or data=target is required: the "
-                "teacher is a trained run or the exact score of a target; got "
-                "teacher.run_dir=null and data="
-                f"{OmegaConf.select(cfg, 'data.name')}"
-            )
-        for group in ("process", "model"):
-            if cfg.get(group) is None:
-                raise ValueError(f"{group} is required with data=target: give {group}=<option>")
-        process = build.build_process(cfg)
-        data = build.build_data(cfg)
-        sigma_data = float(cfg.data.sigma_data)
-        teacher = data.target.noisy_score(process)
-        model = build.build_model(cfg, data.data_shape, seed)
-        graphdef, student = nnx.split(model, nnx.Param)
-        fake = nnx.split(build.build_model(cfg, data.data_shape, seed + 1), nnx.Param)[1]
-        teacher_net = None
-        width = check_int(cfg.distill.backbone_width, "distill.backbone_width", low=1)
-        depth = check_int(cfg.distill.backbone_depth, "distill.backbone_depth", low=1)
-        backbone = MLP(data.data_shape, width=width, depth=depth, rngs=nnx.Rngs(seed + 2))
-        disc = distill.Discriminator(
-            [(width,)] * depth, cfg.distill.disc_width, backbone, rngs=nnx.Rngs(seed + 1)
-        )
-        model_cfg = _fields(cfg.model)
-        identity = {"teacher": _fields(cfg.data.target)}
-    dcfg = distill_config(cfg, process)
-    disc_graphdef, disc_params = nnx.split(disc, nnx.Param)
+    t = build_teacher(cfg)
+    dcfg = distill_config(cfg, t.process)
+    disc_graphdef, disc_params = nnx.split(t.disc, nnx.Param)
     oc = cfg.optim
     opts = {k: distill.make_optimizer(oc.lr, oc.weight_decay, oc.b1, oc.b2) for k in distill.PARTS}
-    params = {"student": student, "fake": fake, "disc": disc_params}
+    params = {"student": t.student, "fake": t.fake, "disc": disc_params}
     state = distill.init_distill_state(params, opts, dcfg, seed)
-    nets = distill.Networks(graphdef, disc_graphdef, teacher_net, sigma_data)
+    nets = distill.Networks(t.graphdef, disc_graphdef, t.teacher_net, t.sigma_data)
     step_fn = distill.make_distill_step(
-        teacher,
+        t.source,
         nets,
         dcfg,
         opts,
         build.make_ema(tc),
-        data.batch_fn(tc.batch_size, seed),
+        t.data.batch_fn(tc.batch_size, seed),
         tc.batch_size,
-        data.data_shape,
+        t.data.data_shape,
     )
     fingerprint = {
-        "model": model_cfg,
-        "data_shape": list(data.data_shape),
-        **identity,
+        "model": t.model_cfg,
+        "data_shape": list(t.data.data_shape),
+        **t.identity,
         "distill": _fields(cfg.distill),
     }
     return DistillRun(
-        cfg, teacher, process, data, sigma_data, nets, dcfg, state, step_fn, fingerprint
+        cfg, t.source, t.process, t.data, t.sigma_data, nets, dcfg, state, step_fn, fingerprint
     )
 
 

@@ -13,6 +13,7 @@ from scorelib.distill.losses import (
     dmd_weight,
     fake_score_example_losses,
     gan_generator_losses,
+    r1_example_losses,
     student_example_losses,
 )
 from scorelib.distill.networks import Discriminator, generate, network_features, network_inputs
@@ -43,6 +44,7 @@ __all__ = [
     "dmd_weight",
     "fake_score_example_losses",
     "gan_generator_losses",
+    "r1_example_losses",
     "student_example_losses",
     "Discriminator",
     "generate",

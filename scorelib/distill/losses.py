@@ -57,9 +57,16 @@ def student_example_losses(g: Array, x_teacher: Array, x_fake: Array, h: Array, 
 
 
 def gan_generator_losses(logits: Array) -> Array:
-    """Non-saturating generator loss ``softplus(-mean_heads(logits))``: ``[batch, heads]``
-    -> ``[batch]``."""
-    return jax.nn.softplus(-jnp.mean(logits, axis=-1))
+    """Non-saturating generator loss ``mean_heads softplus(-logits)`` per example.
+
+    ``logits: [batch, heads]`` (the discriminator at noised student samples) -> ``[batch]``.
+    Each head is a discriminator of its own, trained by :func:`discriminator_losses` (also
+    a mean over heads of per-head terms), so the generator's term is each head's
+    non-saturating loss (Goodfellow et al. 2014, Sec. 3), averaged the same way; as in
+    NVIDIA FastGen's ``gan_loss_generator`` (``fastgen/methods/common_loss.py``:
+    ``softplus(-fake_logits).mean()`` over the batch and the heads).
+    """
+    return jnp.mean(jax.nn.softplus(-logits), axis=-1)
 
 
 def discriminator_losses(logits_fake: Array, logits_real: Array) -> Array:
@@ -69,6 +76,18 @@ def discriminator_losses(logits_fake: Array, logits_real: Array) -> Array:
     functions is ``D = log(p_real / p_fake)`` (Goodfellow et al. 2014, Prop. 1 in logit form).
     """
     return jnp.mean(jax.nn.softplus(logits_fake) + jax.nn.softplus(-logits_real), axis=-1)
+
+
+def r1_example_losses(logits_real: Array, logits_noised: Array) -> Array:
+    """Approximate R1 penalty ``mean_heads (D(x_r) - D(x_r + r1_noise n))^2`` per example.
+
+    ``logits_real, logits_noised: [batch, heads]``: the discriminator at noised data and at
+    the same inputs perturbed by ``r1_noise`` Gaussian noise -> ``[batch]``. A finite-
+    difference stand-in for R1's ``|grad_x D|^2`` (Mescheder et al. 2018, eq. 9) with no
+    double backpropagation: the approximate R1 of APT (Lin et al. 2025) that f-distill uses
+    (Xu et al. 2025, Table 5: gamma = 1 on CIFAR-10).
+    """
+    return jnp.mean((logits_real - logits_noised) ** 2, axis=-1)
 
 
 def fake_score_example_losses(x_fake: Array, g: Array) -> Array:

@@ -55,7 +55,18 @@ def network_inputs(process, x: Array, t: Array, sigma_data: float) -> tuple[Arra
 
 
 def network_features(graphdef, params, x_in: Array, c_noise: Array) -> list[Array]:
-    """``net.features(x_in, c_noise)`` of a split network (``MLP`` or ``UNet``)."""
+    """``net.features(x_in, c_noise)`` of a split network (``MLP`` or ``UNet``).
+
+    Args:
+      graphdef, params: the network (``nnx.split(net, nnx.Param)``).
+      x_in: ``[batch, *data_shape]`` preconditioned inputs (:func:`network_inputs`).
+      c_noise: ``[batch]`` noise conditioning.
+
+    Returns:
+      a list of features, one per discriminator head: ``[batch, width]`` per hidden layer
+      (``MLP.features``, ``depth`` of them), or ``[batch, H, W, c]`` per resolution and the
+      bottleneck (``UNet.features``).
+    """
     return nnx.merge(graphdef, params).features(x_in, c_noise)
 
 

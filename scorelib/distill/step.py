@@ -16,6 +16,7 @@ Yin et al. 2024, Sec. 4)::
         mean |x_fake(sg x_t) - sg g|^2 + mean[softplus(D(x_t)) + softplus(-D(x_r))]
                                  + r1_weight mean |D(x_r) - D(x_r + r1_noise n)|^2
 
+D has one logit per head; the GAN, discriminator and R1 terms are means of per-head terms.
 The per-bin ratio means are updated on student steps only (where they are used). All
 losses are evaluated every step and logged; only the branch's own parameters move. As in
 ``scorelib.training.step``, a step whose loss or gradient norm is non-finite applies no
@@ -40,6 +41,7 @@ from scorelib.distill import losses, ratio
 from scorelib.distill.divergences import check_divergence, h_weight
 from scorelib.distill.networks import generate, network_features, network_inputs
 from scorelib.keys import example_keys
+from scorelib.samplers.grids import rho_spaced
 from scorelib.scores.network import NetworkScore
 from scorelib.training.ema import EMA, ema_update
 
@@ -114,9 +116,9 @@ class DistillConfig:
         check_real(self.sigma_g, "distill.sigma_g", low=0.0, low_open=True)
 
     def draw_ve_sigma(self, u: Array) -> Array:
-        """Noise levels from ``u`` in [0, 1] (same shape): rho-spaced, ``u = 0`` is sigma_max."""
-        a, b = self.sigma_max ** (1 / self.rho), self.sigma_min ** (1 / self.rho)
-        return (a + u * (b - a)) ** self.rho
+        """Noise levels from ``u`` in [0, 1] (same shape): rho-spaced, ``u = 0`` is sigma_max
+        (:func:`scorelib.samplers.grids.rho_spaced`)."""
+        return rho_spaced(u, self.sigma_min, self.sigma_max, self.rho)
 
 
 class DistillState(struct.PyTreeNode):
@@ -300,7 +302,7 @@ def make_distill_step(
         if cfg.r1_weight > 0:
             x_r1 = x_r + (R1_NOISE if cfg.r1_noise is None else cfg.r1_noise) * n_r1
             l_disc = l_disc + cfg.r1_weight * jnp.mean(
-                (logits_real - logits_at(params["disc"], x_r1, t_r)) ** 2
+                losses.r1_example_losses(logits_real, logits_at(params["disc"], x_r1, t_r))
             )
         l_fake = jnp.mean(losses.fake_score_example_losses(x_fake, g))
         terms = {

@@ -54,6 +54,27 @@ def _with_final(positive: np.ndarray, top: float, bottom: float, final_zero: boo
     return positive
 
 
+def rho_spaced(u, sigma_min: float, sigma_max: float, rho: float):
+    """Noise levels at fractions ``u`` of the EDM rho-schedule (Karras et al. 2022, eq. 5).
+
+    ``(sigma_max^(1/rho) + u (sigma_min^(1/rho) - sigma_max^(1/rho)))^rho``: ``u = 0`` is
+    ``sigma_max``, ``u = 1`` is ``sigma_min``; the grid of :func:`edm_grid` at
+    ``u = i / (M - 1)`` and, at ``u ~ U(0, 1)``, its continuous form (the noise levels of
+    ``scorelib.distill``). Works on numpy and JAX arrays alike (no checks: the callers
+    validate ``0 < sigma_min < sigma_max`` and ``rho > 0``).
+
+    Args:
+      u: fractions in [0, 1], any shape (numpy or JAX).
+      sigma_min, sigma_max: the end levels (VE frame, data units).
+      rho: the schedule exponent.
+
+    Returns:
+      the levels, ``u``'s shape and array type.
+    """
+    a, b = sigma_max ** (1.0 / rho), sigma_min ** (1.0 / rho)
+    return (a + u * (b - a)) ** rho
+
+
 def edm_grid(
     n: int,
     sigma_min: float = 0.002,
@@ -86,8 +107,9 @@ def edm_grid(
     rho = check_real(rho, "sampler.rho", low=0.0, low_open=True, high=math.inf, high_open=True)
     m = n if final_zero else n + 1
     frac = np.arange(m, dtype=np.float64) / max(m - 1, 1)
-    a, b = sigma_max ** (1.0 / rho), sigma_min ** (1.0 / rho)
-    return _with_final((a + frac * (b - a)) ** rho, sigma_max, sigma_min, final_zero)
+    return _with_final(
+        rho_spaced(frac, sigma_min, sigma_max, rho), sigma_max, sigma_min, final_zero
+    )
 
 
 def _process_range(process: Process, t_min, t_max) -> tuple[float, float]:

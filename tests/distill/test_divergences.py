@@ -23,10 +23,18 @@ def test_h_is_f_second_derivative_times_r_squared(name):
 
 @pytest.mark.parametrize("name", distill.DIVERGENCES)
 def test_f_is_a_divergence_generator(name):
-    """f(1) = 0 and f convex: D_f(p || p) = 0 and D_f >= 0."""
+    """f(1) = 0, f strictly convex (positive second differences of f itself, not of h), so
+    D_f(p || q) = sum_i q_i f(p_i / q_i) is 0 for p = q and positive for p != q."""
     with jax.enable_x64(True):
-        assert abs(float(distill.f_fn(name, jnp.float64(1.0)))) < 1e-12
-        assert np.all(np.asarray(distill.h_weight(name, jnp.asarray(R))) > 0)
+        f = lambda r: np.asarray(distill.f_fn(name, jnp.asarray(r, jnp.float64)))  # noqa: E731
+        assert abs(float(f(1.0))) < 1e-12
+        r, d = np.geomspace(0.05, 20.0, 41), 1e-3
+        second = (f(r + d) - 2 * f(r) + f(r - d)) / d**2
+        assert np.all(second > 0), second
+        q = np.array([0.4, 0.4, 0.2])
+        for p in (np.array([0.2, 0.5, 0.3]), np.array([0.39, 0.41, 0.2])):
+            assert float(np.sum(q * f(p / q))) > 0
+        assert abs(float(np.sum(q * f(q / q)))) < 1e-12
 
 
 def test_unknown_divergence_is_refused_naming_the_field():
@@ -79,3 +87,44 @@ def test_rkl_weights_are_one():
     rn = jnp.asarray(np.random.default_rng(1).lognormal(size=32), jnp.float32)
     h = ratio.normalise_weights(distill.h_weight("rkl", rn))
     np.testing.assert_allclose(np.asarray(h), 1.0, rtol=2e-6)
+
+
+def _np_softplus(x):
+    return np.logaddexp(0.0, x)  # log(1 + e^x), stable, float64
+
+
+def test_gan_discriminator_r1_and_fake_score_losses_against_numpy():
+    """Each loss against a float64 numpy loop over examples and heads: the generator's
+    and the discriminator's terms are means over heads of per-head softplus terms, R1 the
+    mean over heads of squared logit differences, the fake score's the mean over the
+    data dimensions of the squared x0 error."""
+    rng = np.random.default_rng(1)
+    b, heads = 5, 3
+    lf, lr_, ln = (rng.normal(scale=4.0, size=(b, heads)) for _ in range(3))
+    want_gen = [sum(_np_softplus(-lf[i, k]) for k in range(heads)) / heads for i in range(b)]
+    want_disc = [
+        sum(_np_softplus(lf[i, k]) + _np_softplus(-lr_[i, k]) for k in range(heads)) / heads
+        for i in range(b)
+    ]
+    want_r1 = [sum((lr_[i, k] - ln[i, k]) ** 2 for k in range(heads)) / heads for i in range(b)]
+    f32 = lambda a: jnp.asarray(a, jnp.float32)  # noqa: E731
+    np.testing.assert_allclose(distill.gan_generator_losses(f32(lf)), want_gen, rtol=1e-5)
+    np.testing.assert_allclose(
+        distill.discriminator_losses(f32(lf), f32(lr_)), want_disc, rtol=1e-5
+    )
+    np.testing.assert_allclose(distill.r1_example_losses(f32(lr_), f32(ln)), want_r1, rtol=1e-5)
+    # softplus of the mean logit (the term before) differs: the test separates the two
+    assert not np.allclose(want_gen, _np_softplus(-lf.mean(-1)), rtol=1e-3)
+    x_fake, g = rng.normal(size=(b, 2, 3, 1)), rng.normal(size=(b, 2, 3, 1))
+    want_fake = [np.sum((x_fake[i] - g[i]) ** 2) / 6 for i in range(b)]
+    np.testing.assert_allclose(
+        distill.fake_score_example_losses(f32(x_fake), f32(g)), want_fake, rtol=1e-5
+    )
+    # gradients: the fake-score loss moves x_fake only, the generator term the logits
+    gx, gg = jax.grad(
+        lambda a, c: jnp.sum(distill.fake_score_example_losses(a, c)), argnums=(0, 1)
+    )(f32(x_fake), f32(g))
+    np.testing.assert_allclose(gx, 2 * (x_fake - g) / 6, rtol=1e-4, atol=1e-6)
+    assert not np.any(np.asarray(gg))
+    gl = jax.grad(lambda a: jnp.sum(distill.gan_generator_losses(a)))(f32(lf))
+    np.testing.assert_allclose(gl, -1 / (1 + np.exp(lf)) / heads, rtol=1e-4, atol=1e-7)

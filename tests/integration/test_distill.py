@@ -1,6 +1,6 @@
-"""experiments.distill end to end at smoke scale: target and trained-run teachers, the
-bit-identical resume, sample/evaluate of a distillation run, and bad input refused
-before compute naming the field."""
+"""experiments.distill end to end at smoke scale: target, Gaussian, training-set and
+trained-run teachers, the bit-identical resume, sample/evaluate of a distillation run, and
+bad input refused before compute naming the field."""
 
 from __future__ import annotations
 
@@ -141,3 +141,121 @@ def test_bad_input_is_refused_before_compute(override, message, tmp_path):
     assert r.code == 2, r.stderr
     assert message in r.stderr, r.stderr
     assert not (tmp_path / "r").exists()  # nothing written
+
+
+#: A fitted teacher (teacher.kind=gaussian or training_set) on the digits at smoke scale.
+FITTED = [
+    "data=digits",
+    "process=edm",
+    "model=mlp",
+    "model.width=16",
+    "model.depth=1",
+    "model.emb_dim=8",
+    "distill.backbone_width=16",
+    "distill.backbone_depth=1",
+    "distill.disc_width=8",
+    "trainer.steps=2",
+    "trainer.batch_size=8",
+    "trainer.log_every=1",
+    "trainer.ckpt_every=2",
+    "sampler.num_samples=20",
+    "sampler.batch_size=20",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["gaussian", "training_set"])
+def test_distill_a_fitted_teacher_of_the_digits(kind, tmp_path):
+    """teacher.kind=gaussian (the Gaussian fit of the training digits) and training_set
+    (their exact noised score): two steps, finite one-step samples of the digits' shape."""
+    out = tmp_path / kind
+    r = run_inprocess("distill", f"teacher.kind={kind}", *FITTED, f"hydra.run.dir={out}")
+    assert r.code == 0, r.stderr
+    with np.load(out / "samples/step2/onestep_1_n20_seed0/samples.npz") as z:
+        assert z["samples"].shape == (20, 8, 8, 1) and np.isfinite(z["samples"]).all()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["teacher.kind=gaussian", "teacher.run_dir=/x", *FITTED],
+            "error: teacher.run_dir is not used by teacher.kind=gaussian",
+        ),
+        (
+            ["teacher.kind=training_set", "teacher.step=3", *FITTED],
+            "error: teacher.step is not used by teacher.kind=training_set",
+        ),
+        (["teacher.kind=target", *FITTED], "error: data must be target with teacher.kind=target"),
+        (["teacher.kind=gaussian"], "error: data is required with teacher.kind=gaussian"),
+        (
+            ["experiment=fdistill_gmm", "teacher.kind=gaussian", *SMOKE[1:]],
+            "error: data must be a data set with a training split",
+        ),
+        (
+            ["teacher.kind=gaussian", "teacher.data_shape=[2]", *FITTED],
+            "error: data: examples of shape [8, 8, 1]; teacher.data_shape=[2] expects",
+        ),
+        (["teacher.kind=exact", *FITTED], "error: teacher.kind must be one of"),
+        (["teacher.kind=run"], "error: teacher.run_dir must be an experiments.train run"),
+    ],
+)
+def test_teacher_kinds_refuse_what_they_do_not_use(args, message, tmp_path):
+    r = run_inprocess("distill", *args, f"hydra.run.dir={tmp_path / 'r'}")
+    assert r.code == 2, r.stderr
+    assert message in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_a_teacher_run_of_another_data_shape_is_refused_before_compute(toy_run, tmp_path):
+    """experiment=fdistill_digits expects 8x8x1 digits: a 2-D toy run is refused at
+    start-up in one line naming teacher.data_shape, nothing written; an experiments.distill
+    run is not a teacher."""
+    out = tmp_path / "r"
+    r = run_inprocess(
+        "distill",
+        "experiment=fdistill_digits",
+        f"teacher.run_dir={toy_run}",
+        f"hydra.run.dir={out}",
+    )
+    assert r.code == 2, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"error: teacher.run_dir={toy_run}: a run of data=toy" in r.stderr, r.stderr
+    assert "teacher.data_shape=[8, 8, 1] expects examples of shape [8, 8, 1]" in r.stderr
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_network_teacher_starts_student_and_fake_at_its_ema_weights(toy_run):
+    from experiments.distill import setup_distill
+    from experiments.sample import load_run
+
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(
+            "distill",
+            overrides=[
+                f"teacher.run_dir={toy_run}",
+                "distill.backbone_width=null",
+                "distill.backbone_depth=null",
+                "distill.disc_width=8",
+            ],
+        )
+    run_ = setup_distill(cfg)
+    _, tstate = load_run(toy_run)
+    ema, raw = jax.device_get(tstate.ema_params), jax.device_get(tstate.params)
+    assert not _same(ema, raw)  # the EMA differs from the raw weights: the test can fail
+    for part in ("student", "fake"):
+        assert _same(jax.device_get(run_.state.params[part]), ema), part
+    assert _same(jax.device_get(run_.state.ema_params), ema)
+
+
+@pytest.mark.slow
+def test_a_non_finite_loss_stops_the_distillation_with_its_step(tmp_path):
+    """optim.lr=1e30: step 0 is finite, its update overflows the student, so step 1's loss
+    is not; the command exits 2 with one line naming the step."""
+    out = tmp_path / "nan"
+    r = run_inprocess("distill", *SMOKE, "optim.lr=1e30", "trainer.steps=4", f"hydra.run.dir={out}")
+    assert r.code == 2, (r.stdout, r.stderr)
+    assert "error: non-finite loss at step 1" in r.stderr, r.stderr

@@ -42,7 +42,29 @@ def test_fdistill_digits_smoke(tmp_path):
     assert (run_dir / "teacher/checkpoints").is_dir()
     assert (run_dir / "runs/kl/checkpoints").is_dir()
     res = json.loads((run_dir / "results.json").read_text())
-    assert [x["nfe"] for x in res] == [3, 1, 1, 1]  # Heun 2 steps, DPM-Solver++ 1, students
+    # Heun 2 steps, DPM-Solver++ at 1 and 2 NFE, the students
+    assert [x["nfe"] for x in res] == [3, 1, 2, 1, 1]
+    labels = [x["label"] for x in res]
+    assert labels[2] in (
+        "teacher, DPM-Solver++(2M), sigma_min 0.002",
+        "teacher, DPM-Solver++(2M), sigma_min 0.5",
+    )
     assert all(np.isfinite(x["fd"]) and x["fd"] >= 0 for x in res)
     summary = (run_dir / "fdistill_digits_summary.md").read_text()
     assert "student, forward-KL" in summary and "1.92" in summary  # the paper's FID
+
+
+def test_fdistill_digits_refuses_a_teacher_of_other_data_before_compute(toy_run, tmp_path):
+    """table.teacher=<a 2-D toy run>: one line naming table.teacher, nothing trained."""
+    run_dir = tmp_path / "run"
+    r = run_inprocess(
+        "reproduce",
+        "table=fdistill_digits",
+        "table.scale=smoke",
+        f"table.teacher={toy_run}",
+        f"hydra.run.dir={run_dir}",
+    )
+    assert r.code == 2, r.stderr[-3000:]
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"error: table.teacher={toy_run}: a run of data=toy" in r.stderr, r.stderr
+    assert not (run_dir / "runs").exists()
