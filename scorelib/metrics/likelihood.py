@@ -42,6 +42,7 @@ import numpy as np
 
 from scorelib._checks import check_choice, check_int, check_real
 from scorelib.data.images import quantise
+from scorelib.keys import example_keys
 from scorelib.processes.base import Process
 
 Array = Any
@@ -102,6 +103,7 @@ def pf_ode_log_likelihood(
     atol: float = 1e-5,
     max_steps: int = 4096,
     prior_logp=None,
+    first_index: int = 0,
 ):
     """``log p_{t_min}(x)`` (nats) of a score source's probability-flow ODE, per example.
 
@@ -110,8 +112,10 @@ def pf_ode_log_likelihood(
         with ``x: [batch, *data_shape]`` and a scalar ``t``).
       x: ``[batch, *data_shape]`` points (data units; continuous: dequantise discrete data
         first, see :func:`bits_per_dim`).
-      key: PRNG key of the Hutchinson probes (example ``b`` uses ``fold_in(key, b)``);
-        unused by the exact divergence.
+      key: PRNG key of the Hutchinson probes: example ``b`` of the batch uses
+        ``fold_in(key, first_index + b)`` (:func:`scorelib.keys.example_keys`), so a data set
+        evaluated in chunks, each with ``first_index`` its offset, gets the probes of one
+        whole batch; unused by the exact divergence.
       divergence: ``'exact'`` (``d`` Jacobian-vector products per evaluation) or
         ``'hutchinson'`` (``probes`` of them, averaged).
       probes: probes per example (Hutchinson only; >= 1; default 1).
@@ -120,6 +124,7 @@ def pf_ode_log_likelihood(
       max_steps: most solver steps per example; more is an error (``diffrax`` raises).
       prior_logp: ``[batch, *data_shape] -> [batch]`` log-density at ``t_max``; default the
         process's prior, :meth:`~scorelib.processes.Process.prior_logp`.
+      first_index: the index of example 0 within the whole data set (an int >= 0).
 
     Returns:
       ``(logp, info)``: ``logp`` ``[batch]`` float32 nats (summed over the ``d`` coordinates),
@@ -147,26 +152,28 @@ def pf_ode_log_likelihood(
     rtol = check_real(rtol, "rtol", low=0.0, high=1.0, low_open=True, high_open=True)
     atol = check_real(atol, "atol", low=0.0, high=1.0, low_open=True, high_open=True)
     max_steps = check_int(max_steps, "max_steps", low=1)
+    first_index = check_int(first_index, "first_index", low=0)
     process: Process = source.process
     x = jnp.asarray(x, jnp.float32)
     if x.ndim < 2:
         raise ValueError(f"x must be [batch, *data_shape]; got shape {x.shape}")
     prior = process.prior_logp if prior_logp is None else prior_logp
-    return _solve(source, x, key, divergence, probes, noise, rtol, atol, max_steps, prior)
+    keys = example_keys(key, x.shape[0], first_index)
+    return _solve(source, x, keys, divergence, probes, noise, rtol, atol, max_steps, prior)
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7, 8, 9))
-def _solve(source, x, key, divergence, probes, noise, rtol, atol, max_steps, prior):
+def _solve(source, x, keys, divergence, probes, noise, rtol, atol, max_steps, prior):
     process = source.process
     shape = x.shape[1:]
     d = math.prod(shape)
 
-    def one(xb, b):
+    def one(xb, kb):
         def drift(xf, t):  # v(x, t) of one flattened example
             s = source.score(jnp.reshape(xf, (1,) + shape), t)
             return process.f(t) * xf - 0.5 * process.g2(t) * jnp.reshape(s, (d,))
 
-        eps = probe_vectors(jax.random.fold_in(key, b), probes, d, noise)
+        eps = probe_vectors(kb, probes, d, noise)
 
         def field(t, y, args):
             xf, _ = y
@@ -190,7 +197,7 @@ def _solve(source, x, key, divergence, probes, noise, rtol, atol, max_steps, pri
         x_T, delta = sol.ys[0][-1], sol.ys[1][-1]
         return x_T, delta, sol.stats["num_steps"]
 
-    x_T, delta, steps = jax.vmap(one)(x, jnp.arange(x.shape[0]))
+    x_T, delta, steps = jax.vmap(one)(x, keys)
     prior_term = prior(jnp.reshape(x_T, x.shape))
     return prior_term + delta, {"num_steps": steps, "prior_logp": prior_term}
 
@@ -209,17 +216,21 @@ def level_spacing(levels: int, low: float = -1.0, high: float = 1.0) -> float:
     return (high - low) / (levels - 1)
 
 
-def dequantise(x, key: jax.Array, *, levels: int, low: float = -1.0, high: float = 1.0):
+def dequantise(
+    x, key: jax.Array, *, levels: int, low: float = -1.0, high: float = 1.0, first_index: int = 0
+):
     """Uniform dequantisation: ``x + u delta``, ``u ~ U(-1/2, 1/2)^d`` per example.
 
     Every value of ``x`` must be one of the ``levels`` values of :func:`quantise`; each gets
     uniform noise over its own bin ``[x - delta/2, x + delta/2]`` (:func:`level_spacing`).
-    Example ``b`` draws from ``fold_in(key, b)``.
+    Example ``b`` draws from ``fold_in(key, first_index + b)``
+    (:func:`scorelib.keys.example_keys`): its noise does not depend on the batch it is in.
 
     Args:
       x: ``[batch, *data_shape]`` data on the levels.
       key: PRNG key.
       levels, low, high: the levels, as for :func:`scorelib.data.images.quantise`.
+      first_index: the index of example 0 within the whole data set (an int >= 0).
 
     Returns:
       ``[batch, *data_shape]`` float32.
@@ -231,6 +242,7 @@ def dequantise(x, key: jax.Array, *, levels: int, low: float = -1.0, high: float
     Reference: Theis et al. 2016, Sec. 3.1.
     """
     delta = level_spacing(levels, low, high)
+    first_index = check_int(first_index, "first_index", low=0)
     x = np.asarray(x, np.float32)
     if x.ndim < 2:
         raise ValueError(f"x must be [batch, *data_shape]; got shape {x.shape}")
@@ -242,7 +254,7 @@ def dequantise(x, key: jax.Array, *, levels: int, low: float = -1.0, high: float
             f"do not (e.g. {float(x[off][0])!r}): quantise samples first, or give the data's "
             "own levels, low and high"
         )
-    keys = jax.vmap(lambda b: jax.random.fold_in(key, b))(jnp.arange(x.shape[0]))
+    keys = example_keys(key, x.shape[0], first_index)
     u = jax.vmap(lambda k: jax.random.uniform(k, x.shape[1:], jnp.float32, -0.5, 0.5))(keys)
     return jnp.asarray(on) + u * jnp.float32(delta)
 
@@ -255,6 +267,7 @@ def bits_per_dim(
     levels: int,
     low: float = -1.0,
     high: float = 1.0,
+    first_index: int = 0,
     **ode_options,
 ):
     """Bits per dimension of discrete data ``x`` under a score source's PF-ODE.
@@ -271,6 +284,9 @@ def bits_per_dim(
       key: PRNG key; split into the dequantisation key and the probe key, so the same key
         gives the same number.
       levels, low, high: the data's levels (digits: 17 in ``[-1, 1]``; 8-bit: 256).
+      first_index: the index of example 0 within the whole data set (an int >= 0): the
+        dequantisation noise and the probes of an example depend on its index, not on
+        the batch it is evaluated in.
       **ode_options: options of :func:`pf_ode_log_likelihood` (``divergence``, ``probes``,
         ``noise``, ``rtol``, ``atol``, ``max_steps``, ``prior_logp``).
 
@@ -285,8 +301,8 @@ def bits_per_dim(
     Reference: Theis et al. 2016, Sec. 3.1; Song et al. 2021, App. D.2.
     """
     k_deq, k_ode = jax.random.split(key)
-    y = dequantise(x, k_deq, levels=levels, low=low, high=high)
-    logp, info = pf_ode_log_likelihood(source, y, k_ode, **ode_options)
+    y = dequantise(x, k_deq, levels=levels, low=low, high=high, first_index=first_index)
+    logp, info = pf_ode_log_likelihood(source, y, k_ode, first_index=first_index, **ode_options)
     d = math.prod(y.shape[1:])
     offset = -math.log2(level_spacing(levels, low, high))
     bpd = -logp / (d * math.log(2.0)) + offset

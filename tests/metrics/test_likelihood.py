@@ -219,3 +219,25 @@ def test_errors(gaussian):
         bits_per_dim(source, x, key, levels=17)  # continuous data
     with pytest.raises(ValueError, match="must lie on the 256 levels"):
         dequantise(np.array([[0.125, 1.0]]), key, levels=256)  # digits' levels read as 8-bit
+
+
+def test_an_examples_number_does_not_depend_on_its_batch(gaussian):
+    """Chunks evaluated with ``first_index`` at their offsets give each example the probes
+    and dequantisation noise it gets in the whole batch; the same chunk at offset 0 does not
+    (it reuses the first examples' keys)."""
+    mu, cov, _ = gaussian
+    source = GaussianScore.from_covariance(VP(), mu, cov)
+    x = quantise(np.random.default_rng(6).multivariate_normal(mu, cov, 5), 17)
+    key = jax.random.key(7)
+    whole = np.asarray(bits_per_dim(source, x, key, levels=17, rtol=1e-4, atol=1e-4)[0])
+    parts = [
+        np.asarray(
+            bits_per_dim(source, x[a:b], key, levels=17, first_index=a, rtol=1e-4, atol=1e-4)[0]
+        )
+        for a, b in ((0, 2), (2, 5))
+    ]
+    np.testing.assert_allclose(np.concatenate(parts), whole, rtol=0, atol=1e-5)
+    at_zero = np.asarray(bits_per_dim(source, x[2:5], key, levels=17, rtol=1e-4, atol=1e-4)[0])
+    assert np.max(np.abs(at_zero - whole[2:5])) > 1e-3
+    with pytest.raises(ValueError, match="first_index"):
+        bits_per_dim(source, x, key, levels=17, first_index=-1)
