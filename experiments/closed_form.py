@@ -142,7 +142,8 @@ def run_training_free(cfg: DictConfig) -> Path:
         "title": title,
     }
     ref = data.reference(2000) if data.images is None else None
-    save_samples(out, x, meta, reference=ref)
+    levels = None if data.images is None else data.images.levels
+    save_samples(out, x, meta, reference=ref, levels=levels)
     if data.images is not None:
         result = evaluate_images(x, data.images, data.name, seed=seed, progress=True)
         table = format_image_table(result, data.name)

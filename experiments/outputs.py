@@ -12,6 +12,7 @@ import numpy as np
 
 from experiments import schema
 from scorelib._io import atomic_open, atomic_savez, atomic_write_text
+from scorelib.data.images import quantise
 
 
 def saved_steps(run_dir: Path) -> list[int]:
@@ -63,7 +64,12 @@ def samples_dir(run_dir: Path, record: dict, *, use_ema: bool = True, step: int)
 
 
 def save_samples(
-    out_dir: Path, samples: np.ndarray, meta: dict, reference: np.ndarray | None = None
+    out_dir: Path,
+    samples: np.ndarray,
+    meta: dict,
+    reference: np.ndarray | None = None,
+    *,
+    levels: int | None = None,
 ):
     """Write ``samples.npz`` (key ``samples``), ``samples.json`` (meta) and ``samples.png``.
 
@@ -72,22 +78,35 @@ def save_samples(
       samples: ``[n, *data_shape]``: images ``[n, H, W, C]`` in ``[-1, 1]`` or points ``[n, 2]``.
       meta: JSON-serialisable metadata (sampler, NFE, seed, checkpoint step ...).
       reference: optional real data drawn beside 2-D samples.
+      levels: the data's grey levels (images): the PNG shows the samples clipped and
+        quantised to them, as evaluation sees them; ``samples.npz`` keeps the raw values.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_savez(out_dir / "samples.npz", samples=np.asarray(samples))
     atomic_write_text(out_dir / "samples.json", json.dumps(meta, indent=2, default=str))
     plot_samples(
-        out_dir / "samples.png", np.asarray(samples), title=meta.get("title"), reference=reference
+        out_dir / "samples.png",
+        np.asarray(samples),
+        title=meta.get("title"),
+        reference=reference,
+        levels=levels,
     )
 
 
-def plot_samples(path: Path, samples: np.ndarray, *, title=None, reference=None, max_images=100):
+def plot_samples(
+    path: Path, samples: np.ndarray, *, title=None, reference=None, max_images=100, levels=None
+):
+    """A grid of up to ``max_images`` images ``[n, H, W, C]`` in ``[-1, 1]`` (clipped; with
+    ``levels``, quantised by :func:`scorelib.data.images.quantise`), or a scatter of 2-D points
+    over ``reference``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     if samples.ndim == 4:
+        if levels is not None:
+            samples = quantise(samples, levels)
         n = min(max_images, samples.shape[0])
         cols = int(math.ceil(math.sqrt(n)))
         rows = int(math.ceil(n / cols))

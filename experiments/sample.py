@@ -74,7 +74,8 @@ def sample_and_save(
         "title": title,
     }
     ref = run.data.reference(2000) if run.data.images is None else None
-    save_samples(out_dir, x, meta, reference=ref)
+    levels = None if run.data.images is None else run.data.images.levels
+    save_samples(out_dir, x, meta, reference=ref, levels=levels)
     if info["num_nonfinite"]:
         print(
             f"warning: {info['num_nonfinite']} of {len(x)} samples are not finite "
