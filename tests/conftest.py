@@ -8,6 +8,12 @@ compilation's ``mmap`` fails and XLA dies with a segmentation fault instead of a
 keeps the count at a few thousand, and the guard below names the module if it ever grows
 near the limit again.
 
+The suite shares one persistent XLA compilation cache (``.pytest_cache/jax`` of the
+checkout, empty on a fresh clone): the entry-point tests start many ``python -m
+experiments.*`` processes that compile the same train steps and samplers, and each test
+module starts with cleared in-memory caches; both then load the compiled executable from
+disk instead of compiling it again. A cached executable is the one XLA would compile.
+
 (Helpers shared between test files live in modules named after them, e.g.
 ``tests/closed_forms.py``, never here: ``from conftest import`` is ambiguous when several
 ``conftest.py`` are collected.)
@@ -16,10 +22,17 @@ near the limit again.
 from __future__ import annotations
 
 import gc
+import os
 from pathlib import Path
 
-import jax
-import pytest
+# Before JAX is imported anywhere (subprocesses of the tests inherit these).
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".pytest_cache/jax")
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
 
 _MAPS = Path("/proc/self/maps")
 _MAX_MAP_COUNT = Path("/proc/sys/vm/max_map_count")

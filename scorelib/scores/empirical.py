@@ -22,6 +22,18 @@ the matmul sums and added with logits recomputed from differences ``||y - x_i||^
 answer is then exact unless the points within the matmul error of the nearest one fall
 in more than ``exact_top`` sub-blocks of one chunk; the tests check it against a float64
 loop at ``sigma = 1e-4``, at a training point and far from data.
+
+At small noise the softmax is carried by a handful of points, and the exponentials and
+the second matmul over the whole set are wasted. So the streamed softmax is preceded by a
+*certified pruned* pass (:func:`pruned_softmax_stats`, ``prune`` sub-blocks): one matmul
+scan keeps, per query, the ``prune + 1`` sub-blocks with the largest matmul maxima
+(:func:`top_blocks`); the softmax over the points of the first ``prune`` is computed
+exactly from differences, and the other points' logits are bounded by the ``prune + 1``-th
+maximum plus the matmul's float32 error bound (:func:`matmul_error_bound`). When that
+bound puts every other point below ``e^-30 / n`` of the largest weight, for every query of
+the call, the pruned answer is the exact one to float32 and is returned; otherwise the
+full streamed softmax runs (one ``lax.cond`` per call). The answer never depends on which
+branch ran beyond float32 rounding.
 """
 
 from __future__ import annotations
@@ -68,7 +80,7 @@ def scan_blocks(table, y, body, init):
     sub-blocks of ``sub_block(c)`` consecutive points, ``gmax: [b, c / sub]`` (a plain max
     is cheap on CPU, where an arg-max or top-k over ``c`` costs about 40% of the matmul:
     callers search the few sub-blocks with the largest maxima instead of all ``c`` points).
-    ``g`` is exact up to float32 cancellation of order ``1e-7 ||y||^2``; callers recompute
+    ``g`` is exact up to float32 rounding (:func:`matmul_error_bound`); callers recompute
     the distances of the points they keep with :func:`exact_logits`.
 
     Args:
@@ -92,7 +104,8 @@ def scan_blocks(table, y, body, init):
 
     def step(carry, block):
         p, p_sq, start = block
-        g = 2.0 * (y @ p.T) - p_sq[None]  # padding: 2 y.0 - inf = -inf
+        # full float32 products (no TF32 on GPUs): the pruning certificate bounds this error
+        g = 2.0 * jnp.matmul(y, p.T, precision=jax.lax.Precision.HIGHEST) - p_sq[None]
         gmax = jnp.max(g.reshape(b, c // sub, sub), axis=-1)
         return body(carry, (g, gmax, p, start))
 
@@ -125,7 +138,7 @@ def exact_logits(y, pts, inv2s2):
     return -jnp.sum((y[:, None, :] - pts) ** 2, axis=-1) * inv2s2
 
 
-def softmax_stats(table, y, inv2s2):
+def full_softmax_stats(table, y, inv2s2):
     """Streamed softmax of ``-||y - x_i||^2 inv2s2`` over a padded training table.
 
     In each chunk the ``exact_top`` sub-blocks with the largest matmul logits (at most
@@ -166,6 +179,150 @@ def softmax_stats(table, y, inv2s2):
     return stats
 
 
+# Pruned points may carry at most e^-CERT_MARGIN of the largest weight, all n together.
+CERT_MARGIN = 30.0
+
+
+def matmul_error_bound(y, max_sq_norm):
+    """``[b]`` bound on ``|g - g_exact|`` for the matmul logits of :func:`scan_blocks`.
+
+    ``g = 2 y.p - ||p||^2`` in float32 with ``d``-term dot products: the classical bound
+    ``gamma_d sum_j |y_j p_j| <= d u ||y|| ||p||`` (Higham 2002, Sec. 3.1) on the products
+    and ``u ||p||^2`` on the norm, with ``2 ||y|| ||p|| <= ||y||^2 + ||p||^2``; twice that
+    for safety: ``2 (d + 2) u (||y||^2 + max ||p||^2)``, ``u = 2^-24``. (The scan's matmul
+    runs at full float32 precision; TF32 would void this bound.)
+
+    Args:
+      y: ``[b, d]`` queries; max_sq_norm: the largest ``||x_i||^2`` of the table.
+    """
+    d = y.shape[-1]
+    u = float(np.finfo(np.float32).eps) / 2
+    return 2.0 * (d + 2) * u * (jnp.sum(y**2, axis=-1) + max_sq_norm)
+
+
+def top_blocks(table, y, r: int):
+    """The ``r`` sub-blocks with the largest matmul maxima of each query, over the table.
+
+    One :func:`scan_blocks` pass with a running top-``(r + 1)`` of the sub-block maxima
+    ``gmax`` (a top-``k`` over ``r + 1 + c / sub`` values per block, not over ``c``
+    points). The ``r`` largest values of ``g`` all lie in the first ``r`` sub-blocks (the
+    argument of :func:`top_sub_blocks`, over the whole table), and every point outside
+    them has ``g`` at most the ``(r + 1)``-th maximum.
+
+    Args:
+      table: an :class:`EmpiricalScore`; y: ``[b, d]``; r: ``>= 1``.
+
+    Returns:
+      ``(vals [b, r + 1], ids [b, r + 1])``: the maxima in decreasing order (``-inf``
+      where the table has fewer sub-blocks or only padding) and the global sub-block
+      indices (point ``i`` is in sub-block ``i // sub_block(table.chunk)``).
+    """
+    b = y.shape[0]
+    sub = sub_block(table.chunk)
+    keep = r + 1
+
+    def body(carry, block):
+        vals, ids = carry
+        _, gmax, _, start = block
+        vals, pos = jax.lax.top_k(jnp.concatenate([vals, gmax], 1), keep)
+        old = jnp.take_along_axis(ids, jnp.minimum(pos, keep - 1), 1)
+        return (vals, jnp.where(pos < keep, old, start // sub + pos - keep)), None
+
+    init = (jnp.full((b, keep), -jnp.inf, y.dtype), jnp.zeros((b, keep), jnp.int32))
+    (vals, ids), _ = scan_blocks(table, y, body, init)
+    # Measured on XLA:CPU (jax 0.10): without the barrier, using both outputs downstream
+    # (a mask from vals, a gather by ids) made the whole call 10x slower.
+    return jax.lax.optimization_barrier((vals, ids))
+
+
+def block_points(table, ids, vals):
+    """``(idx [b, r sub], real [b, r sub])``: the point indices of sub-blocks ``ids: [b, r]``
+    and whether each is a training point (False on padding and on ``-inf`` sub-blocks,
+    which :func:`top_blocks` returns when there are fewer than ``r``)."""
+    sub = sub_block(table.chunk)
+    idx = (ids[:, :, None] * sub + jnp.arange(sub, dtype=ids.dtype)).reshape(ids.shape[0], -1)
+    live = jnp.repeat(vals > -jnp.inf, sub, axis=1)
+    return idx, live & table.valid[idx]
+
+
+def pruned_softmax_stats(table, y, inv2s2, r: int):
+    """The softmax of :func:`full_softmax_stats` over the points of the ``r`` sub-blocks of
+    :func:`top_blocks` only, exact from differences, and whether pruning the rest is
+    certified for each query (module docstring).
+
+    Args:
+      table: an :class:`EmpiricalScore`; y: ``[b, d]``; inv2s2: scalar or ``[b, 1]``;
+      r: ``>= 1`` sub-blocks kept.
+
+    Returns:
+      ``((m [b], l [b], acc [b, d]), certified [b] bool)``; certified means every pruned
+      point's weight is below ``e^-CERT_MARGIN / n`` of the largest one.
+    """
+    b = y.shape[0]
+    vals, ids = top_blocks(table, y, r)
+    idx, real = block_points(table, ids[:, :r], vals[:, :r])
+    pts = table.data[idx].astype(y.dtype)  # [b, r sub, d]
+    neg = jnp.array(-jnp.inf, y.dtype)
+    logits = jnp.where(real, exact_logits(y, pts, inv2s2), neg)
+    m = jnp.max(logits, axis=1)
+    w = jnp.exp(logits - m[:, None])
+    stats = (m, jnp.sum(w, axis=1), jnp.einsum("bk,bkd->bd", w, pts))
+    scale = jnp.broadcast_to(jnp.reshape(inv2s2, (-1,)), (b,))
+    max_sq = jnp.max(jnp.where(table.valid, table.sq_norms, 0.0)).astype(y.dtype)
+    eps = matmul_error_bound(y, max_sq)
+    rest = (vals[:, r] + eps - jnp.sum(y**2, axis=-1)) * scale  # >= every pruned logit
+    certified = (vals[:, r] == neg) | (m - rest >= cert_threshold(table))
+    return stats, certified
+
+
+def cert_threshold(table) -> float:
+    """The logit gap that certifies pruning: ``log n_pad + CERT_MARGIN``."""
+    return float(np.log(table.data.shape[0])) + CERT_MARGIN
+
+
+def may_certify(table, y, inv2s2):
+    """``[b]`` False where no pruning can be certified, so the pruned pass is skipped.
+
+    The gap between the nearest point ``p`` and any other ``p'`` is
+    ``||y - p'||^2 - ||y - p||^2 = (p - p').(2 y - p - p') <= min((rho + R)^2,
+    4 R (rho + R))`` with ``rho = ||y - centre||`` and ``R`` the table's radius about its
+    centre; below the certificate's threshold (times ``2 ve_sigma^2``) nothing can be
+    certified (large noise). A speed gate only: either branch gives the same answer.
+    """
+    rho = jnp.sqrt(jnp.sum((y - table.centre.astype(y.dtype)) ** 2, axis=-1))
+    big = table.radius.astype(y.dtype)
+    gap = jnp.minimum((rho + big) ** 2, 4.0 * big * (rho + big))
+    scale = jnp.broadcast_to(jnp.reshape(inv2s2, (-1,)), (y.shape[0],))
+    return gap * scale >= cert_threshold(table) - 1.0
+
+
+def softmax_stats(table, y, inv2s2):
+    """Streamed softmax of ``-||y - x_i||^2 inv2s2`` over a padded training table.
+
+    The certified pruned pass when ``table.prune > 0`` and every query of the call is
+    certified (:func:`pruned_softmax_stats`), else :func:`full_softmax_stats`; the
+    pruned pass is not even tried when :func:`may_certify` rules it out for a query.
+
+    Args:
+      table: an :class:`EmpiricalScore`.
+      y: ``[b, d]`` queries in the VE frame (data units).
+      inv2s2: ``1 / (2 ve_sigma^2)``, a scalar or ``[b, 1]``.
+
+    Returns:
+      ``(m [b], l [b], acc [b, d])``: the largest logit, ``sum_i exp(logit_i - m)`` and
+      ``sum_i exp(logit_i - m) x_i``, so the softmax mean is ``acc / l[:, None]``.
+    """
+    full = lambda: full_softmax_stats(table, y, inv2s2)  # noqa: E731
+    if table.prune == 0:
+        return full()
+
+    def pruned():
+        stats, certified = pruned_softmax_stats(table, y, inv2s2, table.prune)
+        return jax.lax.cond(jnp.all(certified), lambda: stats, full)
+
+    return jax.lax.cond(jnp.all(may_certify(table, y, inv2s2)), pruned, full)
+
+
 class EmpiricalScore(ScoreSource):
     """Score source of the noised empirical distribution of a training set.
 
@@ -177,6 +334,10 @@ class EmpiricalScore(ScoreSource):
       data_shape: unflattened data shape (static).
       chunk: training points per step of the online softmax (static).
       exact_top: sub-blocks per query and chunk recomputed from differences (static).
+      prune: sub-blocks per query kept by the certified pruned pass (static; 0: always
+        the full streamed softmax).
+      centre, radius: ``[d]`` the training points' mean and ``[]`` their largest distance
+        from it (:func:`may_certify`).
     """
 
     data: Array = None
@@ -185,6 +346,9 @@ class EmpiricalScore(ScoreSource):
     data_shape: tuple = struct.field(pytree_node=False, default=())
     chunk: int = struct.field(pytree_node=False, default=4096)
     exact_top: int = struct.field(pytree_node=False, default=2)
+    prune: int = struct.field(pytree_node=False, default=8)
+    centre: Array = None
+    radius: Array = None
 
     @property
     def n(self) -> int:
@@ -193,7 +357,7 @@ class EmpiricalScore(ScoreSource):
 
     @classmethod
     def create(
-        cls, process: Process, data, *, chunk: int = 4096, exact_top: int = 2
+        cls, process: Process, data, *, chunk: int = 4096, exact_top: int = 2, prune: int = 8
     ) -> EmpiricalScore:
         """Build from ``data: [n, *data_shape]`` (data units, ``n >= 1``).
 
@@ -204,9 +368,12 @@ class EmpiricalScore(ScoreSource):
             ``batch x d`` to bound memory at ``batch x chunk`` floats.
           exact_top: the sub-blocks (up to 16 points each) with the largest logits of each
             query in each chunk recomputed from differences (>= 1; module docstring).
+          prune: sub-blocks per query of the certified pruned pass (>= 0; 0 turns it
+            off; module docstring). The answer is the same either way (to float32).
 
         Raises:
-          ValueError: for empty or non-finite data or a bad ``chunk`` / ``exact_top``.
+          ValueError: for empty or non-finite data or a bad ``chunk`` / ``exact_top`` /
+            ``prune``.
         """
         x = np.asarray(data, dtype=np.float64)
         if x.ndim < 2 or x.shape[0] < 1:
@@ -215,12 +382,14 @@ class EmpiricalScore(ScoreSource):
             raise ValueError("data must be finite")
         check_int(chunk, "chunk", low=1)
         check_int(exact_top, "exact_top", low=1)
+        check_int(prune, "prune", low=0)
         n = x.shape[0]
         chunk = int(min(chunk, n))
         n_pad = -(-n // chunk) * chunk
         flat = np.zeros((n_pad, int(np.prod(x.shape[1:]))), np.float64)
         flat[:n] = x.reshape(n, -1)
         valid = np.arange(n_pad) < n
+        centre = flat[:n].mean(axis=0)
         dtype = jax.dtypes.canonicalize_dtype(np.float64)
         return cls(
             process=process,
@@ -230,6 +399,9 @@ class EmpiricalScore(ScoreSource):
             data_shape=tuple(x.shape[1:]),
             chunk=chunk,
             exact_top=int(exact_top),
+            prune=int(prune),
+            centre=jnp.asarray(centre, dtype),
+            radius=jnp.asarray(np.sqrt(np.max(np.sum((flat[:n] - centre) ** 2, axis=1))), dtype),
         )
 
     def _softmax_stats(self, x, t):

@@ -14,9 +14,9 @@ The logits are recomputed exactly from differences after the search.
 
 Search backends (``backend``):
 
-* ``jax`` (default, any device): exact top-``k`` of the matmul distances
-  ``-2 y.x_i + ||x_i||^2``, blocked over the training set by
-  :func:`scorelib.scores.empirical.scan_blocks` (as the exact softmax is).
+* ``jax`` (default, any device): exact top-``k``: the ``k`` sub-blocks with the largest
+  matmul maxima over the training set (:func:`scorelib.scores.empirical.top_blocks`, the
+  pass of the exact softmax's pruning), their points ranked by exact distances.
 * ``faiss`` (``faiss-cpu``, host callback): ``index = "flat"`` (exact ``IndexFlatL2``),
   ``"ivf"`` (``IndexIVFFlat``, ``nlist`` cells, ``nprobe`` searched) or ``"hnsw"``
   (``IndexHNSWFlat``, ``hnsw_m`` links, ``ef_search``); the approximate ones report their
@@ -37,13 +37,7 @@ import numpy as np
 from flax import struct
 
 from scorelib._checks import check_choice, check_int, require
-from scorelib.scores.empirical import (
-    EmpiricalScore,
-    exact_logits,
-    scan_blocks,
-    sub_block,
-    top_sub_blocks,
-)
+from scorelib.scores.empirical import EmpiricalScore, block_points, exact_logits, top_blocks
 
 Array = Any
 
@@ -54,28 +48,17 @@ FAISS_INDEXES = ("flat", "ivf", "hnsw")
 def top_k_neighbours(table: EmpiricalScore, y: Array, k: int) -> Array:
     """``[b, k]`` indices of the ``k`` training points nearest to ``y: [b, d]`` (exact, JAX).
 
-    A running top-``k`` of ``2 y.x_i - ||x_i||^2`` over the blocks of
-    :func:`scorelib.scores.empirical.scan_blocks` (padding rows excluded); in each block
-    only the points of the ``k`` sub-blocks with the largest maxima are ranked
-    (:func:`scorelib.scores.empirical.top_sub_blocks`: exact, and about ``1/16`` of the
-    points).
+    The ``k`` nearest points lie in the ``k`` sub-blocks with the largest matmul maxima
+    (:func:`scorelib.scores.empirical.top_blocks`: one matmul pass over the table with a
+    running top-``k`` of sub-block maxima, about ``1/16`` of the points); the ``16 k``
+    points of those sub-blocks are then ranked by distances recomputed from differences.
     """
-    b = y.shape[0]
-    sub = sub_block(table.chunk)
-
-    def body(carry, block):
-        best, idx = carry
-        g, gmax, _, start = block
-        loc = top_sub_blocks(gmax, k, sub)  # [b, k' sub] chunk-local
-        val, pos = jax.lax.top_k(jnp.take_along_axis(g, loc, 1), min(k, loc.shape[1]))
-        j = jnp.take_along_axis(loc, pos, 1)
-        val, pos = jax.lax.top_k(jnp.concatenate([best, val], 1), k)
-        idx = jnp.take_along_axis(jnp.concatenate([idx, start + j], 1), pos, 1)
-        return (val, idx), None
-
-    init = (jnp.full((b, k), -jnp.inf, y.dtype), jnp.zeros((b, k), jnp.int32))
-    (_, idx), _ = scan_blocks(table, y, body, init)
-    return idx
+    vals, ids = top_blocks(table, y, k)
+    idx, real = block_points(table, ids[:, :k], vals[:, :k])  # [b, k sub]
+    pts = table.data[idx].astype(y.dtype)
+    neg = jnp.array(-jnp.inf, y.dtype)
+    _, pos = jax.lax.top_k(jnp.where(real, exact_logits(y, pts, 1.0), neg), k)
+    return jnp.take_along_axis(idx, pos, 1).astype(jnp.int32)
 
 
 def complement_draws(nbr: Array, u: Array) -> Array:

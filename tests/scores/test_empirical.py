@@ -144,7 +144,10 @@ def test_per_example_time_and_jit():
     np.testing.assert_allclose(np.asarray(got), brute_score(train, x, a, s), rtol=1e-4)
 
 
-@pytest.mark.parametrize("field,kwargs", [("chunk", {"chunk": 0}), ("exact_top", {"exact_top": 0})])
+@pytest.mark.parametrize(
+    "field,kwargs",
+    [("chunk", {"chunk": 0}), ("exact_top", {"exact_top": 0}), ("prune", {"prune": -1})],
+)
 def test_bad_options_name_the_field(field, kwargs):
     with pytest.raises(ValueError, match=field):
         EmpiricalScore.create(EDM(), np.zeros((3, 2)), **kwargs)
