@@ -36,7 +36,12 @@ relative distance contrast ``(d_K'(q1) - d_k(q1)) / d_k(q1)`` and the median ste
 
     .venv/bin/python benchmarks/closed_form.py [--ns 1000 10000 100000 1000000] [--dims 2 64]
         [--data gaussian clustered] [--paths exact nn-jax nn-flat nn-ivf nn-hnsw] [--repeats 2]
-        [--baseline-max-n 100000] [--slow-max-n 100000] [--out rows.json]
+        [--baseline-max-n 100000] [--slow-max-n 100000] [--ivf-sweep] [--out rows.json]
+
+``--ivf-sweep`` finds, per case, the fewest IVF cells probed (``nprobe`` doubling) that
+reach recall@k >= 0.99 on the sampler's queries: the share of the training set an
+approximate index must scan to be that accurate, and so whether its cost can grow
+sublinearly in ``N`` on that data.
 
 The port baseline runs for ``N <= --baseline-max-n`` only, and ``nn-flat``/``nn-hnsw``
 (slow search or index build) for ``N <= --slow-max-n``.
@@ -204,7 +209,40 @@ def reuse_stats(table, queries, k_big: int) -> dict:
     }
 
 
-def run_case(kind, n, d, paths, repeats, baseline_max_n, slow_max_n, peak, log):
+def ivf_recall_sweep(table, flat_q, exact_idx) -> dict:
+    """The fewest IVF cells probed (``nlist = 4 sqrt(N)``, nprobe doubling) that reach
+    recall@k >= 0.99 on the sampler's own queries, as a fraction of the cells (the share
+    of the training set scanned), with the search time per query at that nprobe."""
+    import faiss
+
+    n, d = table.n, table.data.shape[1]
+    nlist = int(4 * np.sqrt(n))
+    index = faiss.IndexIVFFlat(faiss.IndexFlatL2(d), d, nlist)
+    train = np.asarray(table.data[:n], np.float32)
+    index.train(train)
+    index.add(train)
+    q = np.ascontiguousarray(np.asarray(flat_q, np.float32))
+    nprobe, curve = 1, []
+    while True:
+        index.nprobe = nprobe
+        t0 = time.perf_counter()
+        _, found = index.search(q, K)
+        t = time.perf_counter() - t0
+        rec = recall_at_k(found, exact_idx)
+        curve.append((nprobe, rec))
+        if rec >= 0.99 or nprobe >= nlist:
+            break
+        nprobe = min(2 * nprobe, nlist)
+    return {
+        "ivf_nlist": nlist,
+        "ivf_nprobe_099": nprobe,
+        "ivf_fraction_099": nprobe / nlist,
+        "ivf_recall_curve": curve,
+        "ivf_search_us_per_query": 1e6 * t / len(q),
+    }
+
+
+def run_case(kind, n, d, paths, repeats, baseline_max_n, slow_max_n, peak, log, sweep=False):
     train = data(kind, n, d)
     table = EmpiricalScore.create(RectifiedFlow(), train, chunk=4096)
     key = jax.random.key(0)
@@ -239,6 +277,10 @@ def run_case(kind, n, d, paths, repeats, baseline_max_n, slow_max_n, peak, log):
             )
         if path == "exact":
             row.update(reuse_stats(table, queries, 4 * K))
+            if sweep:
+                row.update(
+                    ivf_recall_sweep(table, flat_q, np.asarray(top_k_neighbours(table, flat_q, K)))
+                )
         rows.append(row)
         log(row)
     if n <= baseline_max_n:
@@ -293,6 +335,11 @@ def main():
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--baseline-max-n", type=int, default=100000)
     ap.add_argument("--slow-max-n", type=int, default=100000)
+    ap.add_argument(
+        "--ivf-sweep",
+        action="store_true",
+        help="the fewest IVF cells probed for recall@k >= 0.99 on the sampler's queries",
+    )
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     a = ap.parse_args()
     peak = matmul_peak(a.repeats)
@@ -322,6 +369,7 @@ def main():
                     a.slow_max_n,
                     peak,
                     log=lambda r: print(json.dumps(r), flush=True),
+                    sweep=a.ivf_sweep,
                 )
     print(
         f"\n| data | d | N | path | samples/s | GFLOP/s (peak {peak:.0f}) | of 2-matmul limit "
@@ -344,6 +392,16 @@ def main():
                 f"contrast (d_4k - d_k)/d_k {r['contrast']:.3f}, median |q - q1| "
                 f"{r['median_move']:.3f}, median d_k {r['median_d_k']:.3f}"
             )
+    if a.ivf_sweep:
+        print("\nIVF cells probed for recall@k >= 0.99 on the sampler's queries:")
+        for r in rows:
+            if "ivf_nprobe_099" in r:
+                print(
+                    f"  {r['data']} d={r['d']} N={r['N']:,}: nprobe {r['ivf_nprobe_099']} of "
+                    f"{r['ivf_nlist']} ({r['ivf_fraction_099']:.0%} of the set scanned), "
+                    f"{r['ivf_search_us_per_query']:.0f} us per query; curve "
+                    + ", ".join(f"{p}:{c:.3f}" for p, c in r["ivf_recall_curve"])
+                )
     exps = exponents(rows)
     print("\nfitted cost exponent a (time per sample ~ N^a):")
     for k, v in exps.items():
