@@ -252,6 +252,13 @@ def build_objective(cfg: DictConfig, process, data: Data | None = None):
             f"known score, data=target; got data={cfg.data.name}"
         )
     target, kwargs = component_kwargs(cfg.objective, "objective")
+    if kwargs.get("weighting") == "fisher":
+        raise ValueError(
+            "objective.weighting: 'fisher' is the unit weight of a network behind the "
+            "Fisher-scaled preconditioning (scorelib.nets.precond.fisher_precond), which "
+            "experiments.train does not build (its networks are EDM-preconditioned); it is "
+            "used by table=tsm_low_noise, or from Python with NetworkScore(sigma_fisher=...)"
+        )
     make = instantiate({"_target_": target, **kwargs}, _partial_=True, _convert_="all")
     fn = get_object(target)
     if "train" in inspect.signature(fn.__init__ if inspect.isclass(fn) else fn).parameters:

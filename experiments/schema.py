@@ -97,6 +97,8 @@ class EDMLossConfig:
     P_std: float = 1.2
     sigma_data: float = 0.5
     reduce: str = "mean"
+    p_uniform: float = 0.0  # share of log-uniform noise levels over sigma_range
+    sigma_range: list[float] | None = None  # (lo, hi); only with p_uniform > 0
 
 
 @dataclass

@@ -49,6 +49,10 @@ from omegaconf import DictConfig, OmegaConf
 from scorelib._io import atomic_write_text
 
 LABELS = {"dsm": "DSM", "tsm": "TSM"}
+#: The network behind each objective: ``edm`` (EDM's preconditioning, ``NetworkScore``) or
+#: ``fisher`` (``scorelib.nets.precond.fisher_precond``, ``NetworkScore(sigma_fisher=...)``
+#: with the target's ``fisher_scale()``).
+PRECONDS = ("edm", "fisher")
 
 
 # ------------------------------------------------------------------------------ settings
@@ -90,6 +94,18 @@ def _settings(cfg: DictConfig) -> DictConfig:
         )
     if len(tc.objectives) < 1:
         raise ValueError("table.objectives must name at least one objective")
+    for name, spec in tc.objectives.items():
+        pre = spec.get("precond", "edm")
+        if pre not in PRECONDS:
+            raise ValueError(
+                f"table.objectives.{name}.precond must be one of {list(PRECONDS)}; got {pre!r}"
+            )
+    for name in tc.get("controls") or []:
+        if name not in tc.objectives:
+            raise ValueError(
+                f"table.controls: {name!r} has no entry under table.objectives "
+                f"(have {list(tc.objectives)})"
+            )
     return tc
 
 
@@ -107,15 +123,44 @@ def _process(tc):
     return p
 
 
-def _objectives(tc, process, target) -> dict:
+def _precond(tc, name: str) -> str:
+    """``'edm'`` or ``'fisher'``: the network behind objective ``name`` (default ``edm``)."""
+    return str(tc.objectives[name].get("precond", "edm"))
+
+
+def _objectives(tc, process, target, sigma_fisher: float) -> dict:
+    """``{name: MixedScoreMatching}``; ``sigma_fisher`` (the target's Fisher length scale)
+    is passed to the objectives weighted ``fisher`` that do not set their own."""
     from scorelib.objectives import MixedScoreMatching
 
     out = {}
     for name, spec in tc.objectives.items():
         kw = {"t_sampling": str(tc.train.t_sampling), "weighting": str(tc.train.weighting)}
         kw.update(OmegaConf.to_container(spec, resolve=True))  # an objective may set its own
+        kw.pop("precond", None)  # the network's, not the objective's
+        if kw["weighting"] == "fisher" and kw.get("sigma_fisher") is None:
+            kw["sigma_fisher"] = sigma_fisher
         out[name] = MixedScoreMatching(process, target, **kw)
     return out
+
+
+def _role(tc, name: str) -> str:
+    """``'control'`` (listed in ``table.controls``), ``'pure'`` (kappa dsm or tsm) or
+    ``'mixture'``: how the error table's verdict column treats objective ``name``."""
+    if name in (tc.get("controls") or []):
+        return "control"
+    return "pure" if str(tc.objectives[name].get("kappa")) in ("dsm", "tsm") else "mixture"
+
+
+def _sources(tc, process, graphdef, sigma_data: float, sigma_fisher: float) -> dict:
+    """``{objective: make_source}``: each objective's network (:data:`PRECONDS`)."""
+    from scorelib.training import network_source
+
+    by = {
+        "edm": network_source(process, graphdef, sigma_data),
+        "fisher": network_source(process, graphdef, sigma_data, sigma_fisher=sigma_fisher),
+    }
+    return {name: by[_precond(tc, name)] for name in tc.objectives}
 
 
 def _digest(obj: Any) -> str:
@@ -148,15 +193,19 @@ def label_variances(objectives: dict, target, process, sigmas, n: int, seed: int
 
 
 # ------------------------------------------------------------------------- (b) training
-def train_models(objectives: dict, target, process, tc, log=print) -> tuple[Any, dict, dict]:
-    """One network per (objective, seed), same budget, by :func:`scorelib.training.train_seeds`.
+def train_models(
+    objectives: dict, target, process, tc, sigma_fisher: float, log=print
+) -> tuple[Any, dict, dict]:
+    """One network per (objective, seed), same budget, by :func:`scorelib.training.train_seeds`
+    (one call per preconditioning of :data:`PRECONDS`; every objective starts from the
+    same initial states and reads the same data stream).
 
     Returns ``(graphdef, {objective: EMA params stacked over seeds}, info)``.
     """
     from flax import nnx
 
     from scorelib.nets import MLP
-    from scorelib.training import EMA, init_state, make_optimizer, network_source, train_seeds
+    from scorelib.training import EMA, init_state, make_optimizer, train_seeds
 
     seeds = [int(s) for s in tc.seeds]
     tr, mc = tc.train, tc.model
@@ -185,17 +234,28 @@ def train_models(objectives: dict, target, process, tc, log=print) -> tuple[Any,
         msg = ", ".join(f"{k} {np.mean(v):.3g}" for k, v in losses.items())
         log(f"  [{target.name}] step {done}/{steps}: loss {msg}")
 
-    final, info = train_seeds(
-        objectives,
-        network_source(process, graphdef, float(target.sigma_data)),
-        opt,
-        ema,
-        lambda i: target.batch(batch, seed=0, step=i, needed_by="training"),
-        states,
-        steps,
-        log_every=int(tr.log_every),
-        on_log=on_log,
-    )
+    sources = _sources(tc, process, graphdef, float(target.sigma_data), sigma_fisher)
+    final, info = {}, {"compile_s": 0.0, "train_s": 0.0}
+    for pre in PRECONDS:
+        group = {k: v for k, v in objectives.items() if _precond(tc, k) == pre}
+        if not group:
+            continue
+        done, part = train_seeds(
+            group,
+            sources[next(iter(group))],
+            opt,
+            ema,
+            lambda i: target.batch(batch, seed=0, step=i, needed_by="training"),
+            states,
+            steps,
+            log_every=int(tr.log_every),
+            on_log=on_log,
+        )
+        final.update(done)
+        info["compile_s"] += part["compile_s"]
+        info["train_s"] += part["train_s"]
+    final = {k: final[k] for k in objectives}  # the config's order
+    info["steps_per_s"] = (steps - 1) / max(info["train_s"], 1e-9)
     info.update(
         n_params=int(n_params),
         sigma_data=float(target.sigma_data),
@@ -204,29 +264,26 @@ def train_models(objectives: dict, target, process, tc, log=print) -> tuple[Any,
     return graphdef, {k: st.ema_params for k, st in final.items()}, info
 
 
-def score_errors(
-    graphdef, params: dict, target, process, sigma_data, sigmas, n: int, seed: int
-) -> dict:
+def score_errors(sources: dict, params: dict, target, process, sigmas, n: int, seed: int) -> dict:
     """``{objective: [n_seeds, S]}`` relative errors by
-    :func:`scorelib.metrics.relative_score_error`, ``n`` exact samples per sigma."""
+    :func:`scorelib.metrics.relative_score_error`, ``n`` exact samples per sigma
+    (``sources``: each objective's ``make_source``, :func:`_sources`)."""
     from scorelib.metrics import relative_score_error
-    from scorelib.training import network_source
 
     truth = target.noisy_score(process)
-    make_source = network_source(process, graphdef, sigma_data)
     out: dict[str, list] = {k: [] for k in params}
     for j, s in enumerate(sigmas):
         kx, ke = _sigma_keys(seed, j)
         x0 = target.sample(kx, n, needed_by="score error")
         t = process.t_of_ve_sigma(s)
         for k, p in params.items():
-            err = relative_score_error(make_source(p, None), truth, x0, t, ke, stacked=True)
+            err = relative_score_error(sources[k](p, None), truth, x0, t, ke, stacked=True)
             out[k].append(err.tolist())
     return {k: [list(row) for row in zip(*v, strict=True)] for k, v in out.items()}  # [seeds, S]
 
 
 # --------------------------------------------------------------------------- (c) samples
-def sample_quality(graphdef, params: dict, target, process, sigma_data, tc, log=print) -> dict:
+def sample_quality(sources: dict, params: dict, target, process, tc, log=print) -> dict:
     """Energy distance (squared) and sliced W2 to fresh exact samples
     (:func:`scorelib.metrics.sample_distances`).
 
@@ -235,7 +292,7 @@ def sample_quality(graphdef, params: dict, target, process, sigma_data, tc, log=
     """
     from scorelib.metrics import noisy_samples, sample_distances
     from scorelib.samplers import edm_grid, get_sampler
-    from scorelib.training import network_source, unstack
+    from scorelib.training import unstack
 
     sc = tc.samples
     n = int(sc.n)
@@ -244,7 +301,6 @@ def sample_quality(graphdef, params: dict, target, process, sigma_data, tc, log=
     s_min = float(process.ve_sigma(process.t_min))
     grid = edm_grid(int(sc.steps), s_min, s_max, float(sc.rho))
     truth = target.noisy_score(process)
-    make_source = network_source(process, graphdef, sigma_data)
     per_seed = {k: unstack(v) for k, v in params.items()}
 
     def exact(seed, stream):
@@ -266,7 +322,7 @@ def sample_quality(graphdef, params: dict, target, process, sigma_data, tc, log=
         key = jax.random.key(30_000 + seed)
         for k in params:
             x, _ = sampler(
-                make_source(per_seed[k][i], None), key, (n, target.dim), grid=grid, x_T=x_T
+                sources[k](per_seed[k][i], None), key, (n, target.dim), grid=grid, x_T=x_T
             )
             add(k, x, ref, seed)
         x, _ = sampler(truth, key, (n, target.dim), grid=grid, x_T=x_T)
@@ -297,6 +353,7 @@ def run_target(name: str, tc: DictConfig, run_dir: Path, log=print) -> dict:
         )
     }
     settings["target"] = spec
+    settings["controls"] = list(tc.get("controls") or [])
     digest = _digest(settings)
     cache = run_dir / "partial" / f"{name}.json"
     if cache.is_file():
@@ -312,30 +369,33 @@ def run_target(name: str, tc: DictConfig, run_dir: Path, log=print) -> dict:
     target = make_target(kind, **spec)
     target.require_samples(f"table tsm_low_noise (target {name})")
     process = _process(tc)
-    objectives = _objectives(tc, process, target)
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    sigma_fisher = target.fisher_scale()  # Monte Carlo, fixed key
+    objectives = _objectives(tc, process, target, sigma_fisher)
     sigmas = [float(s) for s in tc.sigmas]
     timings = {}
-    cpu0, t0 = time.process_time(), time.perf_counter()
 
-    log(f"[{name}] d = {target.dim}, sigma_data = {target.sigma_data:.4g}: (a) label variances")
+    log(
+        f"[{name}] d = {target.dim}, sigma_data = {target.sigma_data:.4g}, sigma_fisher = "
+        f"{sigma_fisher:.4g}: (a) label variances"
+    )
     var = label_variances(objectives, target, process, sigmas, int(tc.variance.n), seed=1)
     timings["variance_s"] = time.perf_counter() - t0
 
     log(f"[{name}] (b) training {len(objectives)} objectives x {len(tc.seeds)} seeds")
     t1 = time.perf_counter()
-    graphdef, params, info = train_models(objectives, target, process, tc, log=log)
+    graphdef, params, info = train_models(objectives, target, process, tc, sigma_fisher, log=log)
     timings["train_total_s"] = time.perf_counter() - t1
     timings.update({k: info[k] for k in ("compile_s", "train_s", "steps_per_s")})
+    sources = _sources(tc, process, graphdef, info["sigma_data"], sigma_fisher)
 
     t1 = time.perf_counter()
-    err = score_errors(
-        graphdef, params, target, process, info["sigma_data"], sigmas, int(tc.error.n), seed=2
-    )
+    err = score_errors(sources, params, target, process, sigmas, int(tc.error.n), seed=2)
     timings["error_s"] = time.perf_counter() - t1
 
     log(f"[{name}] (c) sampling ({tc.samples.sampler}, {tc.samples.steps} steps)")
     t1 = time.perf_counter()
-    samp = sample_quality(graphdef, params, target, process, info["sigma_data"], tc, log=log)
+    samp = sample_quality(sources, params, target, process, tc, log=log)
     timings["samples_s"] = time.perf_counter() - t1
     timings["total_s"] = time.perf_counter() - t0
     timings["cpu_s"] = time.process_time() - cpu0
@@ -345,8 +405,11 @@ def run_target(name: str, tc: DictConfig, run_dir: Path, log=print) -> dict:
         "target": name,
         "dim": int(target.dim),
         "sigma_data": float(target.sigma_data),
+        "sigma_fisher": float(sigma_fisher),
         "sigmas": sigmas,
         "objectives": list(objectives),
+        "precond": {k: _precond(tc, k) for k in objectives},
+        "roles": {k: _role(tc, k) for k in objectives},
         "variance": var,
         "error": err,
         "samples": samp,
@@ -404,15 +467,50 @@ def variance_table(results: dict) -> tuple[list, list]:
     return cols, rows
 
 
+def _roles(r: dict) -> dict:
+    """Each objective's role (:func:`_role`) as recorded in a target's result."""
+    default = {k: "pure" if k in LABELS else "mixture" for k in r["objectives"]}
+    return r.get("roles") or default
+
+
+def mixture_verdict(r: dict, j: int) -> tuple[str, str] | None:
+    """At the ``j``-th sigma of target result ``r``: ``(text, verdict)`` comparing the
+    mixture with the lowest mean error against the pure objective (DSM or TSM) with the
+    lowest mean, controls left out; ``verdict`` is ``'tied'`` when the means differ by no
+    more than ``sqrt(sd_mix^2 + sd_pure^2)`` (std over seeds), else ``'mixture best'`` or
+    ``'<pure> best'``. ``None`` without both kinds."""
+    roles = _roles(r)
+    err = {k: np.asarray(r["error"][k])[:, j] for k in r["objectives"]}
+    mix = [k for k in err if roles[k] == "mixture"]
+    pure = [k for k in err if roles[k] == "pure"]
+    if not mix or not pure:
+        return None
+    m = min(mix, key=lambda k: float(np.mean(err[k])))
+    p = min(pure, key=lambda k: float(np.mean(err[k])))
+    mm, mp = float(np.mean(err[m])), float(np.mean(err[p]))
+    noise = math.hypot(float(np.std(err[m])), float(np.std(err[p])))
+    if abs(mm - mp) <= noise:
+        verdict = "tied"
+    else:
+        verdict = "mixture best" if mm < mp else f"{_col(p)} best"
+    return f"{_col(m)} {mm:.3g} vs {_col(p)} {mp:.3g}: {verdict} (x{mm / mp:.3g})", verdict
+
+
 def error_table(results: dict) -> tuple[list, list]:
-    """Table (b): relative score error per target, sigma and objective (mean ± std)."""
+    """Table (b): relative score error per target, sigma and objective (mean ± std), the
+    lowest mean, and the best mixture against the best pure objective
+    (:func:`mixture_verdict`)."""
     from experiments.tables.common import pm
 
     objs = results[next(iter(results))]["objectives"]
     cols = (
         ["target", "sigma"]
         + [_col(k) for k in objs]
-        + ["best (lowest mean)", "paper (expected shape)"]
+        + [
+            "best (lowest mean)",
+            "best mixture vs best of DSM/TSM (controls left out)",
+            "paper (expected shape)",
+        ]
     )
     rows = []
     for name, r in results.items():
@@ -420,8 +518,11 @@ def error_table(results: dict) -> tuple[list, list]:
             means = {k: float(np.mean(np.asarray(r["error"][k])[:, j])) for k in objs}
             stds = {k: float(np.std(np.asarray(r["error"][k])[:, j])) for k in objs}
             best = min(means, key=lambda k: means[k] if math.isfinite(means[k]) else math.inf)
+            v = mixture_verdict(r, j)
             rows.append(
-                [name, s] + [pm(means[k], stds[k]) for k in objs] + [_col(best), _claim_error(s)]
+                [name, s]
+                + [pm(means[k], stds[k]) for k in objs]
+                + [_col(best), v[0] if v else "", _claim_error(s)]
             )
     return cols, rows
 
@@ -449,19 +550,33 @@ def samples_table(results: dict) -> tuple[list, list]:
 
 
 def summary_table(results: dict) -> tuple[list, list]:
-    """Per target: at how many sigmas each objective is best, and its mean log10 error."""
+    """Per target: at how many sigmas each objective is best, its mean log10 error, and at
+    how many sigmas the best mixture is best or tied (:func:`mixture_verdict`)."""
     objs = results[next(iter(results))]["objectives"]
-    cols = ["target"] + [f"{_col(k)}: #best / mean log10 err" for k in objs]
+    cols = (
+        ["target"]
+        + [f"{_col(k)}: #best / mean log10 err" for k in objs]
+        + ["sigmas where a mixture is best or tied (controls left out)"]
+    )
     rows = []
     for name, r in results.items():
         e = {k: np.mean(np.asarray(r["error"][k]), axis=0) for k in objs}  # [S]
         best = np.argmin(np.stack([e[k] for k in objs]), axis=0)
+        verdicts = [mixture_verdict(r, j) for j in range(len(r["sigmas"]))]
+        ok = [
+            s
+            for s, v in zip(r["sigmas"], verdicts, strict=True)
+            if v and v[1] in ("mixture best", "tied")
+        ]
+        missed = ", ".join(f"{s:g}" for s in r["sigmas"] if s not in ok)
+        where = f" (not at sigma {missed})" if missed else " (all)"
         rows.append(
             [name]
             + [
                 f"{int(np.sum(best == i))} / {float(np.mean(np.log10(e[k]))):.2f}"
                 for i, k in enumerate(objs)
             ]
+            + [f"{len(ok)} / {len(r['sigmas'])}{where}"]
         )
     return cols, rows
 
@@ -540,7 +655,11 @@ def report(out: dict) -> dict:
         f"Process {OmegaConf.to_container(tc.process)}; sigma is the VE-frame noise level.",
         f"Same budget for every objective: MLP width {mc.width}, depth {mc.depth}, "
         f"emb {mc.emb_dim} ({mc.embedding}) behind EDM preconditioning (sigma_data = target "
-        f"RMS std); Adam lr {tr.lr}, warm-up {tr.warmup_steps}, clip {tr.grad_clip}; "
+        "RMS std), or, for the objectives marked precond: fisher, behind the Fisher-scaled "
+        "preconditioning (scorelib.nets.precond.fisher_precond: EDM's c_out times "
+        "sigma / sqrt(sigma^2 + sigma_fisher^2), sigma_fisher = the target's "
+        "sqrt(d / E||grad log p0||^2)); "
+        f"Adam lr {tr.lr}, warm-up {tr.warmup_steps}, clip {tr.grad_clip}; "
         f"{tr.steps} steps of batch {tr.batch_size}; t sampling {tr.t_sampling}; weighting "
         f"lambda per objective (default {tr.weighting}); EMA half-life "
         f"{tr.ema_halflife_frac} of the images seen (evaluated: EMA weights).",
@@ -548,7 +667,10 @@ def report(out: dict) -> dict:
         + "; ".join(f"{k}: {OmegaConf.to_container(v)}" for k, v in tc.objectives.items())
         + ". gaussian_optimal uses kappa = sd^2/(sd^2 + sigma^2) with sd = the target's RMS std. "
         "Weightings: sigma2 is lambda = sigma^2 (standard for DSM), alpha2 is lambda = alpha^2 "
-        "(the normalised TSM loss ||alpha s - grad log p0||^2; 1 for VE/EDM).",
+        "(the normalised TSM loss ||alpha s - grad log p0||^2; 1 for VE/EDM), fisher is "
+        "lambda = (sigma^2 + sigma_fisher^2)(sigma^2 + sd^2) / sd^2, the unit weight of the "
+        "Fisher-scaled network's output (as EDM's lambda is for its own). Controls (left out "
+        f"of the mixture verdict): {list(tc.get('controls') or [])}.",
         f"(a) n = {tc.variance.n} per sigma; values are E||u - s_t(x_t)||^2 summed over "
         "coordinates (the conditional label variance; the irreducible part of the loss).",
         f"(b) n = {tc.error.n} noisy points per sigma; relative error "
@@ -564,7 +686,8 @@ def report(out: dict) -> dict:
         tm = r["timings"]
         skipped = {k: v for k, v in r["model"]["skipped_steps"].items() if any(v)}
         notes.append(
-            f"{name}: d = {r['dim']}, sigma_data = {r['sigma_data']:.3g}, "
+            f"{name}: d = {r['dim']}, sigma_data = {r['sigma_data']:.3g}, sigma_fisher = "
+            f"{r.get('sigma_fisher', float('nan')):.3g}, "
             f"{r['model']['n_params']} parameters per network; wall {tm['total_s']:.0f} s "
             f"(cpu {tm['cpu_s']:.0f} s): variance "
             f"{tm['variance_s']:.0f} s, training {tm['train_total_s']:.0f} s (compile "

@@ -17,6 +17,8 @@ frozen object with
   target has no exact sampler;
 * ``sigma_data`` -- the root-mean-square per-coordinate standard deviation
   ``sqrt(tr Cov[x_0] / d)`` (the ``sigma_d`` of the Gaussian-optimal DSM/TSM mixture);
+* ``fisher_scale()`` -- ``sqrt(d / E ||grad log p_0||^2)``, the length scale of the score
+  at low noise (Monte Carlo; the ``sigma_fisher`` of the Fisher-scaled preconditioning);
 * ``noisy_score(process)`` -- where available, the exact score source of
   ``p_t`` under a noise process (a :class:`scorelib.scores.ScoreSource`).
 
@@ -163,6 +165,28 @@ class Target:
     def sigma_data(self) -> float:
         """``sqrt(tr Cov[x_0] / d)``: the RMS per-coordinate standard deviation."""
         raise NotImplementedError(f"{type(self).__name__} does not know its sigma_data")
+
+    def fisher_scale(self, n: int = 65_536, seed: int = 0) -> float:
+        """``sqrt(d / J_0)`` with ``J_0 = E ||grad log p_0(x_0)||^2`` (the Fisher information
+        of the location family; data units), by Monte Carlo over ``n`` exact samples drawn
+        from ``key(seed)``, accumulated in float64.
+
+        The length scale of the score at low noise, as ``sigma_data`` is the scale of the
+        data: ``sigma_data`` for ``N(mu, sigma_data^2 I)`` and ``sqrt(d / tr C^{-1})`` for
+        any Gaussian, and smaller than ``sigma_data`` for data with narrow modes (by the
+        Cramér-Rao bound ``J_0 >= d^2 / tr Cov[x_0]``, ``fisher_scale <= sigma_data``). Used by
+        :func:`scorelib.nets.precond.fisher_precond`.
+
+        Raises:
+          ValueError: if ``n < 2`` or the target has no exact sampler.
+        """
+        n = check_int(n, "n", low=2)
+        x = self.sample(jax.random.key(seed), n, needed_by="fisher_scale")
+        total = 0.0
+        for i in range(0, n, 8192):  # bounded memory for large d
+            s = np.asarray(self.score(x[i : i + 8192]), np.float64)
+            total += float(np.sum(s**2))
+        return float(np.sqrt(self.dim / (total / n)))
 
     def noisy_score(self, process: Process) -> ScoreSource:
         """The exact score source of ``p_t`` under ``process``, where one is implemented.

@@ -11,6 +11,10 @@
   ``lambda(sigma) reduce((D(x0 + sigma n; sigma) - x0)^2)``,
   ``lambda = (sigma^2 + sigma_data^2) / (sigma sigma_data)^2``. For processes
   with ``alpha != 1`` sigma is the VE-frame level and ``x_t = alpha(t) (x0 + sigma n)``.
+  Optionally (``p_uniform > 0``) a share of the noise levels is drawn log-uniformly over
+  ``sigma_range`` instead (:func:`edm_sigma`), a floor of training mass at noise levels
+  the log-normal almost never draws but a sampler visits (EDM's grid starts at
+  ``sigma_max = 80``, where the default log-normal has density ~1e-6).
 
 The weights live in ``scorelib/objectives/weights.py``.
 """
@@ -21,6 +25,7 @@ import dataclasses
 import math
 
 import jax.numpy as jnp
+from jax.scipy.special import ndtri
 
 from scorelib._checks import check_choice, check_real, require
 from scorelib._pytree import static_pytree
@@ -103,6 +108,40 @@ class DSM(Objective):
         return self.weight(t) * err, {"t": t}
 
 
+_U_EDGE = 1e-7  # uniforms are clipped to [_U_EDGE, 1 - _U_EDGE] before Phi^{-1}
+
+
+def edm_sigma(u, *, P_mean: float, P_std: float, p_uniform: float = 0.0, sigma_range=None):
+    """Noise levels of the EDM loss from uniforms ``u`` in ``[0, 1)`` (inverse CDF).
+
+    The distribution is the mixture ``(1 - p_uniform) LogNormal(P_mean, P_std^2) +
+    p_uniform LogUniform(sigma_range)``: with ``p = p_uniform`` and ``(lo, hi) =
+    sigma_range``, ``u < p`` gives ``ln sigma = ln lo + (u / p) (ln hi - ln lo)`` and
+    ``u >= p`` gives ``ln sigma = P_mean + P_std Phi^{-1}((u - p) / (1 - p))``; each branch
+    receives a uniform of its own given the branch, so one uniform per example draws the
+    mixture exactly. ``p_uniform = 0`` is Karras et al.'s log-normal (eq. 8, Table 1).
+
+    Args:
+      u: uniforms in ``[0, 1)``, any shape (e.g. ``[batch]``).
+      P_mean, P_std: the log-normal's mean and std of ``ln sigma``.
+      p_uniform: the log-uniform share in ``[0, 1)``.
+      sigma_range: ``(lo, hi)`` VE-frame noise levels (data units) of the log-uniform
+        part, ``0 < lo < hi``; ignored when ``p_uniform = 0``.
+
+    Returns:
+      ``sigma`` of the shape of ``u`` (data units).
+    """
+    p = p_uniform
+    # Phi^{-1} of the log-normal branch's own uniform, kept off 0 and 1 (|z| <= 5.2)
+    z = ndtri(jnp.clip((u - p) / (1.0 - p), _U_EDGE, 1.0 - _U_EDGE))
+    log_normal = P_mean + P_std * z
+    if p == 0.0:
+        return jnp.exp(log_normal)
+    log_lo, log_hi = (math.log(float(v)) for v in sigma_range)
+    log_uniform = log_lo + (u / p) * (log_hi - log_lo)
+    return jnp.exp(jnp.where(u < p, log_uniform, log_normal))
+
+
 @static_pytree
 @dataclasses.dataclass(frozen=True)
 class EDMLoss(Objective):
@@ -113,10 +152,19 @@ class EDMLoss(Objective):
       P_mean, P_std: ``ln sigma ~ N(P_mean, P_std^2)`` (Table 1: -1.2, 1.2).
       sigma_data: data standard deviation of the weight (Table 1: 0.5).
       reduce: ``'mean'`` or ``'sum'`` over the data axes.
+      p_uniform: share in ``[0, 1)`` of noise levels drawn log-uniformly over
+        ``sigma_range`` instead of from the log-normal (:func:`edm_sigma`); 0 (the
+        default) is EDM's loss exactly. The weight stays EDM's ``lambda(sigma)`` (unit
+        weight on the network output at every sigma), so the floor changes only where
+        the network is trained, not how much an example counts.
+      sigma_range: ``(lo, hi)``, VE-frame noise levels of the log-uniform part (e.g. the
+        sampler's ``(sigma_min, sigma_max)``); required when ``p_uniform > 0`` and
+        refused when it is 0.
 
     Raises:
-      ValueError: unless ``P_mean`` is finite, ``P_std > 0``, ``sigma_data > 0`` and
-        ``reduce`` is known.
+      ValueError: naming the field, unless ``P_mean`` is finite, ``P_std > 0``,
+        ``sigma_data > 0``, ``reduce`` is known, ``0 <= p_uniform < 1``, and
+        ``sigma_range`` is a pair ``0 < lo < hi < inf`` exactly when ``p_uniform > 0``.
     """
 
     process: Process
@@ -124,6 +172,8 @@ class EDMLoss(Objective):
     P_std: float = 1.2
     sigma_data: float = 0.5
     reduce: str = "mean"
+    p_uniform: float = 0.0
+    sigma_range: tuple[float, float] | None = None
 
     def __post_init__(self):
         inf = math.inf
@@ -133,13 +183,36 @@ class EDMLoss(Objective):
         check_real(self.P_std, "objective.P_std", low=0.0, low_open=True, high_open=True)
         check_real(self.sigma_data, "objective.sigma_data", low=0.0, low_open=True, high_open=True)
         check_choice(self.reduce, "objective.reduce", REDUCTIONS)
+        p = check_real(self.p_uniform, "objective.p_uniform", low=0.0, high=1.0, high_open=True)
+        object.__setattr__(self, "p_uniform", p)
+        if p == 0.0:
+            require(
+                self.sigma_range is None,
+                "objective.sigma_range",
+                "null when objective.p_uniform is 0 (it is used only by the log-uniform part)",
+                self.sigma_range,
+            )
+            return
+        r = self.sigma_range
+        require(
+            r is not None and len(r) == 2,
+            "objective.sigma_range",
+            "a pair (lo, hi) of noise levels when objective.p_uniform > 0",
+            r,
+        )
+        lo = check_real(r[0], "objective.sigma_range", low=0.0, low_open=True)
+        hi = check_real(r[1], "objective.sigma_range", low=0.0, low_open=True)
+        require(lo < hi, "objective.sigma_range", "a pair with lo < hi", tuple(r))
+        object.__setattr__(self, "sigma_range", (lo, hi))
 
     def example_losses(self, source, x0, key):
         """``lambda(sigma) reduce((source.denoiser(x_t, t) - x0)^2)`` per example.
 
         ``sigma = exp(P_mean + P_std z)``, ``z ~ N(0, 1)``, ``t = t_of_ve_sigma(sigma)`` and
         ``x_t = alpha(t) (x0 + sigma n)`` with ``z, n`` from each example's own key;
-        ``lambda`` is :func:`scorelib.objectives.weights.edm_weight`.
+        ``lambda`` is :func:`scorelib.objectives.weights.edm_weight`. With ``p_uniform >
+        0`` the example's scalar draw is a uniform ``u`` instead of ``z`` and ``sigma =
+        edm_sigma(u, ...)``.
 
         Args:
           source: a score source; its ``denoiser`` is trained (data units).
@@ -150,8 +223,18 @@ class EDMLoss(Objective):
           ``(losses [batch], {"sigma": [batch]})``, ``sigma`` the VE-frame noise levels.
         """
         p = self.process
-        z, n = example_draws(key, x0, "normal")
-        sigma = jnp.exp(self.P_mean + self.P_std * z)
+        if self.p_uniform == 0.0:  # EDM's draws exactly (z ~ N(0, 1) from the example's key)
+            z, n = example_draws(key, x0, "normal")
+            sigma = jnp.exp(self.P_mean + self.P_std * z)
+        else:
+            u, n = example_draws(key, x0, "uniform")
+            sigma = edm_sigma(
+                u,
+                P_mean=self.P_mean,
+                P_std=self.P_std,
+                p_uniform=self.p_uniform,
+                sigma_range=self.sigma_range,
+            )
         t = p.t_of_ve_sigma(sigma)
         alpha = broadcast_to_data(p.alpha(t), x0)
         xt = alpha * (x0 + broadcast_to_data(sigma, x0) * n)

@@ -50,6 +50,7 @@ from scorelib.objectives.weights import (
     DSM_WEIGHTINGS,
     alpha2_weight,
     dsm_weight,
+    fisher_weight,
     kappa_weight,
     relative_weight,
 )
@@ -59,7 +60,7 @@ Array = Any
 
 KAPPAS = ("tsm", "dsm", "switch", "log_linear", "gaussian_optimal")
 T_SAMPLINGS = ("uniform", "log_sigma")
-WEIGHTINGS = DSM_WEIGHTINGS + ("alpha2", "relative", "kappa")
+WEIGHTINGS = DSM_WEIGHTINGS + ("alpha2", "relative", "kappa", "fisher")
 
 
 def kappa_schedule(
@@ -113,14 +114,20 @@ class MixedScoreMatching(Objective):
       kappa: ``'tsm' | 'dsm' | 'switch' | 'log_linear' | 'gaussian_optimal'``.
       sigma_switch: VE-frame threshold of ``'switch'`` (TSM strictly below it).
       sigma_lo, sigma_hi: VE-frame thresholds of ``'log_linear'``, ``0 < lo < hi``.
-      sigma_d: data std of ``'gaussian_optimal'`` and ``'relative'``; ``None`` ->
-        ``target.sigma_data``.
+      sigma_d: data std of ``'gaussian_optimal'``, ``'relative'`` and ``'fisher'``;
+        ``None`` -> ``target.sigma_data``.
       weighting: ``lambda(t)``: ``'sigma2'`` (``sigma(t)^2``, default), ``'likelihood'``
         (``g(t)^2``) or ``'none'`` (1), exactly as :class:`scorelib.objectives.DSM`; or
-        ``'alpha2'`` (``alpha(t)^2``), ``'relative'`` or ``'kappa'``
+        ``'alpha2'`` (``alpha(t)^2``), ``'relative'``, ``'kappa'`` or ``'fisher'``
         (``scorelib/objectives/weights.py``). ``'sigma2'`` suits labels whose variance
         grows like ``1/sigma^2`` (DSM); ``'alpha2'`` suits labels whose variance stays
         bounded as ``sigma -> 0`` (TSM, and the mixtures whose ``kappa -> 1`` there).
+        ``'fisher'`` is the unit weight of a network behind
+        :func:`scorelib.nets.precond.fisher_precond` (train it with a
+        ``NetworkScore(sigma_fisher=...)`` of the same ``sigma_d`` and ``sigma_fisher``).
+      sigma_fisher: the data's Fisher length scale ``sqrt(d / E ||grad log p_0||^2)`` of
+        ``'fisher'`` (data units); ``None`` -> ``target.fisher_scale()``. Refused with
+        another weighting.
       reduce: ``'mean'`` or ``'sum'`` over the data axes.
       t_range: ``(lo, hi)`` process times to sample; default ``(t_min, t_max)``.
       t_sampling: ``'uniform'`` in ``t`` (like DSM) or ``'log_sigma'``: ``log
@@ -147,6 +154,7 @@ class MixedScoreMatching(Objective):
     reduce: str = "mean"
     t_range: tuple[float, float] | None = None
     t_sampling: str = "uniform"
+    sigma_fisher: float | None = None
 
     def __post_init__(self):
         check_choice(self.kappa, "objective.kappa", KAPPAS)
@@ -176,11 +184,23 @@ class MixedScoreMatching(Objective):
         check_choice(self.reduce, "objective.reduce", REDUCTIONS)
         check_choice(self.t_sampling, "objective.t_sampling", T_SAMPLINGS)
         object.__setattr__(self, "t_range", check_t_range(self.t_range, self.process))
+        if self.sigma_fisher is not None:
+            require(
+                self.weighting == "fisher",
+                "objective.sigma_fisher",
+                "null unless objective.weighting is 'fisher' (the only one that uses it)",
+                self.sigma_fisher,
+            )
+            v = check_real(self.sigma_fisher, "objective.sigma_fisher", low=0.0, low_open=True)
+            object.__setattr__(self, "sigma_fisher", v)
+        elif self.weighting == "fisher":
+            object.__setattr__(self, "sigma_fisher", float(self.target.fisher_scale()))
 
     # --- pieces ----------------------------------------------------------------
     @property
     def data_std(self) -> float:
-        """``sigma_d`` (data units) used by ``'gaussian_optimal'`` and ``'relative'``."""
+        """``sigma_d`` (data units) used by ``'gaussian_optimal'``, ``'relative'`` and
+        ``'fisher'``."""
         return self.sigma_d if self.sigma_d is not None else float(self.target.sigma_data)
 
     def kappa_of(self, ve_sigma: Array) -> Array:
@@ -203,6 +223,10 @@ class MixedScoreMatching(Objective):
             return kappa_weight(process=p, t=t, kappa=self.kappa_of(p.ve_sigma(t)))
         if self.weighting == "relative":
             return relative_weight(process=p, t=t, sigma_d=self.data_std)
+        if self.weighting == "fisher":
+            return fisher_weight(
+                process=p, t=t, sigma_data=self.data_std, sigma_fisher=self.sigma_fisher
+            )
         return dsm_weight(self.weighting, process=p, t=t)
 
     def times(self, u: Array) -> Array:

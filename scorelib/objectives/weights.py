@@ -11,7 +11,8 @@ where a time is expected) and return arrays of the shape of ``t`` (or ``ve_sigma
   ``(sigma^2 + sigma_data^2) / (sigma sigma_data)^2`` in the VE frame;
 * target score matching and its mixtures with DSM (De Bortoli et al., "Target score
   matching", arXiv 2402.08667, 2024): :func:`alpha2_weight` ``alpha(t)^2``,
-  :func:`relative_weight` and :func:`kappa_weight` (see each function).
+  :func:`relative_weight`, :func:`kappa_weight` and :func:`fisher_weight` (see each
+  function).
 
 :func:`dsm_weight` maps DSM's ``weighting`` names to the first three.
 """
@@ -121,3 +122,28 @@ def kappa_weight(*, process: Process, t: Array, kappa: Array) -> Array:
       kappa: ``[batch]`` TSM shares in ``[0, 1]``.
     """
     return kappa * process.alpha(t) ** 2 + (1.0 - kappa) * process.sigma(t) ** 2
+
+
+def fisher_weight(*, process: Process, t: Array, sigma_data: float, sigma_fisher: float) -> Array:
+    """``alpha^2 (ve_sigma^2 + sigma_fisher^2)(ve_sigma^2 + sigma_data^2) / sigma_data^2``:
+    unit weight on the network output behind
+    :func:`scorelib.nets.precond.fisher_precond`, i.e. ``alpha^2 / c_out_score^2`` (the
+    score in process coordinates is the VE frame's divided by ``alpha``), as EDM's
+    ``lambda`` is ``1 / c_out^2`` for its denoiser (Karras et al. 2022, Table 1).
+
+    It is ``sigma_fisher^2 alpha^2`` (TSM's ``alpha^2``, scaled) for ``ve_sigma <<
+    sigma_fisher``, and EDM's weight written for the score, ``ve_sigma^2 (ve_sigma^2 +
+    sigma_data^2) / sigma_data^2``, for ``ve_sigma >> sigma_fisher``. Our choice for the
+    DSM/TSM mixtures, not De Bortoli et al.'s.
+
+    Args:
+      process: the noise process.
+      t: ``[batch]`` process times.
+      sigma_data: data standard deviation (data units, > 0).
+      sigma_fisher: the data's Fisher length scale (data units, > 0).
+
+    Returns:
+      ``[batch]`` weights (units of data^2).
+    """
+    v2 = process.ve_sigma(t) ** 2
+    return process.alpha(t) ** 2 * (v2 + sigma_fisher**2) * (v2 + sigma_data**2) / sigma_data**2

@@ -3,7 +3,12 @@
 For a process with ``alpha != 1`` the network works in the VE frame
 ``x / alpha(t)`` at noise level ``ve_sigma(t) = sigma(t) / alpha(t)`` (Karras et
 al. 2022, Sec. 4 and eq. 4); since ``E[x_0 | x_t] = E[x_0 | x_t / alpha]`` the
-denoiser output needs no rescaling.
+denoiser output needs no rescaling, and the score is the VE frame's divided by
+``alpha(t)`` (``p_t(x) = p_ve(x / alpha) / alpha^d``).
+
+With ``sigma_fisher`` set the network sits behind
+:func:`scorelib.nets.precond.fisher_precond` instead (for regression labels that are exact
+at low noise, e.g. the DSM/TSM mixtures), and its score is computed in score form.
 """
 
 from __future__ import annotations
@@ -13,9 +18,10 @@ from typing import Any
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from scorelib.nets.precond import edm_precond
+from scorelib._checks import check_real
+from scorelib.nets.precond import edm_precond, fisher_precond
 from scorelib.processes.base import broadcast_to_data
-from scorelib.scores.base import ScoreSource, check_time_shape
+from scorelib.scores.base import ScoreSource, check_time_shape, denoiser_from_score
 
 Array = Any
 
@@ -37,10 +43,38 @@ def preconditioned_denoiser(
       ``[batch, *data_shape]`` denoised estimate of ``x_0``.
     """
     c = edm_precond(sigma, sigma_data)
+    f = _network_output(graphdef, params, x_ve, c, rngs)
+    return broadcast_to_data(c.c_skip, x_ve) * x_ve + broadcast_to_data(c.c_out, x_ve) * f
+
+
+def fisher_preconditioned_score(
+    graphdef,
+    params,
+    x_ve: Array,
+    sigma: Array,
+    sigma_data: float,
+    sigma_fisher: float,
+    *,
+    rngs=None,
+) -> Array:
+    """``s(x; sigma) = c_skip_score x + c_out_score F(c_in x; c_noise)`` in the VE frame, with
+    the coefficients of :func:`scorelib.nets.precond.fisher_precond` (units 1 / data).
+
+    Args and shapes as :func:`preconditioned_denoiser`; ``sigma_fisher`` the data's Fisher
+    length scale (data units, > 0).
+    """
+    c = fisher_precond(sigma, sigma_data, sigma_fisher)
+    f = _network_output(graphdef, params, x_ve, c, rngs)
+    return (
+        broadcast_to_data(c.c_skip_score, x_ve) * x_ve + broadcast_to_data(c.c_out_score, x_ve) * f
+    )
+
+
+def _network_output(graphdef, params, x_ve, c, rngs):
+    """``F(c_in x; c_noise)`` for the coefficients ``c`` (``[batch, *data_shape]``)."""
     c_noise = jnp.broadcast_to(c.c_noise, (x_ve.shape[0],))
     net = nnx.merge(graphdef, params)
-    f = net(broadcast_to_data(c.c_in, x_ve) * x_ve, c_noise, rngs=rngs)
-    return broadcast_to_data(c.c_skip, x_ve) * x_ve + broadcast_to_data(c.c_out, x_ve) * f
+    return net(broadcast_to_data(c.c_in, x_ve) * x_ve, c_noise, rngs=rngs)
 
 
 class NetworkScore(ScoreSource):
@@ -52,22 +86,59 @@ class NetworkScore(ScoreSource):
         are the pytree leaves (differentiated during training).
       sigma_data: data standard deviation of the preconditioning (static, data units).
       dropout_key: a PRNG key enables dropout (training); ``None`` is deterministic.
+      sigma_fisher: ``None`` (default): EDM's preconditioning; the score follows from
+        :meth:`denoiser` by Tweedie's formula (:func:`scorelib.scores.score_from_denoiser`),
+        as before this field existed. A Fisher length scale (static, data units, > 0):
+        :func:`scorelib.nets.precond.fisher_precond`; :meth:`score` is computed in score
+        form (:func:`fisher_preconditioned_score`) and :meth:`denoiser` from it by Tweedie.
 
-    The score follows from :meth:`denoiser` by Tweedie's formula
-    (:func:`scorelib.scores.score_from_denoiser`).
+    Raises:
+      ValueError: for a ``sigma_fisher`` that is neither ``None`` nor a positive number.
     """
 
     graphdef: Any = struct.field(pytree_node=False, default=None)
     params: Any = None
     sigma_data: float = struct.field(pytree_node=False, default=0.5)
     dropout_key: Any = None  # a PRNG key enables dropout (training); None is deterministic
+    sigma_fisher: float | None = struct.field(pytree_node=False, default=None)
+
+    def __post_init__(self):
+        if self.sigma_fisher is not None:
+            check_real(self.sigma_fisher, "sigma_fisher", low=0.0, low_open=True)
+
+    def _rngs(self):
+        return None if self.dropout_key is None else nnx.Rngs(dropout=self.dropout_key)
+
+    def score(self, x, t):
+        """``grad_x log p_t(x)`` (units 1 / data) by the preconditioned network.
+
+        EDM (``sigma_fisher=None``): Tweedie from :meth:`denoiser`. Fisher-scaled: ``s =
+        (1 / alpha) s_ve(x / alpha; ve_sigma(t))`` with ``s_ve`` from
+        :func:`fisher_preconditioned_score`. Arguments, shapes and errors as
+        :meth:`denoiser`.
+        """
+        if self.sigma_fisher is None:
+            return super().score(x, t)
+        check_time_shape(x, t)
+        alpha = broadcast_to_data(self.process.alpha(t), x)
+        s_ve = fisher_preconditioned_score(
+            self.graphdef,
+            self.params,
+            x / alpha,
+            self.process.ve_sigma(t),
+            self.sigma_data,
+            self.sigma_fisher,
+            rngs=self._rngs(),
+        )
+        return s_ve / alpha
 
     def denoiser(self, x, t):
         """``D(x, t) = E[x_0 | x_t = x]`` (data units) by the preconditioned network.
 
         Karras et al. 2022, eq. 7 and Table 1, applied in the VE frame: ``D = c_skip(s)
         (x / alpha) + c_out(s) F(c_in(s) x / alpha; c_noise(s))`` with ``s = ve_sigma(t)``
-        (:func:`preconditioned_denoiser`).
+        (:func:`preconditioned_denoiser`). Fisher-scaled (``sigma_fisher`` set): Tweedie
+        from :meth:`score`, ``D = (x + sigma(t)^2 s) / alpha(t)``.
 
         Args:
           x: ``[batch, *data_shape]`` noisy input in process coordinates.
@@ -80,9 +151,10 @@ class NetworkScore(ScoreSource):
           ValueError: if ``t`` is neither a scalar nor ``[batch]``.
         """
         check_time_shape(x, t)
+        if self.sigma_fisher is not None:
+            return denoiser_from_score(self.process, x, t, self.score(x, t))
         alpha = broadcast_to_data(self.process.alpha(t), x)
         sigma = self.process.ve_sigma(t)
-        rngs = None if self.dropout_key is None else nnx.Rngs(dropout=self.dropout_key)
         return preconditioned_denoiser(
-            self.graphdef, self.params, x / alpha, sigma, self.sigma_data, rngs=rngs
+            self.graphdef, self.params, x / alpha, sigma, self.sigma_data, rngs=self._rngs()
         )

@@ -35,11 +35,20 @@ from scorelib.training.ema import EMA, ema_update
 from scorelib.training.state import TrainState
 
 
-def network_source(process, graphdef, sigma_data: float = 0.5, *, dropout: bool = False):
-    """A ``make_source(params, dropout_key)`` for an EDM-preconditioned network.
+def network_source(
+    process,
+    graphdef,
+    sigma_data: float = 0.5,
+    *,
+    dropout: bool = False,
+    sigma_fisher: float | None = None,
+):
+    """A ``make_source(params, dropout_key)`` for an EDM-preconditioned network (or, with
+    ``sigma_fisher``, one behind :func:`scorelib.nets.precond.fisher_precond`).
 
     Returns a function building ``scores.NetworkScore(process, graphdef, params,
-    sigma_data, dropout_key)``; the key is passed only when ``dropout`` is true.
+    sigma_data, dropout_key, sigma_fisher)``; the key is passed only when ``dropout`` is
+    true.
     """
     from scorelib.scores import NetworkScore
 
@@ -50,6 +59,7 @@ def network_source(process, graphdef, sigma_data: float = 0.5, *, dropout: bool 
             params=params,
             sigma_data=sigma_data,
             dropout_key=dropout_key if dropout else None,
+            sigma_fisher=sigma_fisher,
         )
 
     return make_source

@@ -242,6 +242,104 @@ def test_edm_bad_fields(kwargs, field):
         EDMLoss(process=EDM(), **kwargs)
 
 
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"p_uniform": -0.1}, "objective.p_uniform"),
+        ({"p_uniform": 1.0}, "objective.p_uniform"),
+        ({"p_uniform": 0.1}, "objective.sigma_range"),  # needed by the log-uniform part
+        ({"p_uniform": 0.1, "sigma_range": (80.0, 0.002)}, "objective.sigma_range"),
+        ({"p_uniform": 0.1, "sigma_range": (0.0, 80.0)}, "objective.sigma_range"),
+        ({"p_uniform": 0.1, "sigma_range": (0.002,)}, "objective.sigma_range"),
+        ({"p_uniform": 0.1, "sigma_range": (0.002, float("inf"))}, "objective.sigma_range"),
+        ({"sigma_range": (0.002, 80.0)}, "objective.sigma_range"),  # unused at p_uniform 0
+    ],
+)
+def test_edm_floor_bad_fields(kwargs, field):
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        EDMLoss(process=EDM(), **kwargs)
+
+
+FLOOR = dict(P_mean=-1.2, P_std=1.2, p_uniform=0.25, sigma_range=(0.002, 80.0))
+
+
+def _mixture_cdf(sigma, P_mean, P_std, p_uniform, sigma_range):
+    """CDF of (1 - p) LogNormal + p LogUniform(lo, hi), written with scipy (float64)."""
+    scipy_stats = pytest.importorskip("scipy.stats")
+    lo, hi = sigma_range
+    ls = np.log(sigma)
+    uni = np.clip((ls - np.log(lo)) / (np.log(hi) - np.log(lo)), 0.0, 1.0)
+    return (1 - p_uniform) * scipy_stats.norm.cdf(ls, P_mean, P_std) + p_uniform * uni
+
+
+def test_edm_floor_sigma_distribution():
+    """KS test of the floor's noise levels against the mixture CDF (scipy); the share of
+    draws above sigma = 20 matches the mixture's, where the log-normal alone has 2e-4."""
+    scipy_stats = pytest.importorskip("scipy.stats")
+    from scorelib.objectives.dsm import edm_sigma
+
+    u = jax.random.uniform(jax.random.key(0), (40_000,))
+    sigma = np.asarray(edm_sigma(u, **FLOOR), np.float64)
+    assert np.all(np.isfinite(sigma)) and np.all(sigma > 0)
+    res = scipy_stats.kstest(sigma, lambda s: _mixture_cdf(s, **FLOOR))
+    assert res.pvalue > 1e-3, res
+    tail = 1.0 - _mixture_cdf(20.0, **FLOOR)  # 0.25 * ln 4 / ln 40000 + 0.75 * 2.4e-4
+    se = np.sqrt(tail * (1 - tail) / sigma.size)
+    assert abs(np.mean(sigma > 20.0) - tail) < 4 * se
+    # p_uniform = 0 is the log-normal itself, by the same inverse CDF
+    s0 = np.asarray(edm_sigma(u, P_mean=-1.2, P_std=1.2), np.float64)
+    assert scipy_stats.kstest(np.log(s0), "norm", args=(-1.2, 1.2)).pvalue > 1e-3
+    # the edges: u = 0 and the largest float32 below 1 give finite, positive levels
+    edge = np.asarray(edm_sigma(jnp.asarray([0.0, 0.24999, 0.25, 1 - 2**-24]), **FLOOR))
+    np.testing.assert_allclose(edge[0], 0.002, rtol=1e-5)
+    assert np.all(np.isfinite(edge)) and np.all(edge > 0)
+
+
+@pytest.mark.parametrize("b", BATCHES)
+def test_edm_floor_loss_matches_per_example_loop(b):
+    """The floor changes only sigma: per example, sigma is the mixture's inverse CDF of the
+    example's uniform (recomputed here in float64 with scipy's ndtri), the loss EDM's."""
+    special = pytest.importorskip("scipy.special")
+    proc, shape = VP(), (4,)
+    obj = EDMLoss(process=proc, sigma_data=0.7, **FLOOR)
+    key = jax.random.key(4, impl="rbg")
+    x0 = _data(b, shape, seed=b)
+    (per, aux), _ = _evaluate((obj,), ToySource(process=proc), x0, key)[0]
+    u, n = (np.asarray(v, np.float64) for v in example_draws(key, x0, "uniform"))
+    p, (lo, hi) = FLOOR["p_uniform"], FLOOR["sigma_range"]
+    x0n = np.asarray(x0, np.float64)
+    ref, sig = [], []
+    for i in range(b):
+        if u[i] < p:
+            s = math.exp(math.log(lo) + u[i] / p * (math.log(hi) - math.log(lo)))
+        else:
+            s = math.exp(FLOOR["P_mean"] + FLOOR["P_std"] * special.ndtri((u[i] - p) / (1 - p)))
+        t = np_t_of_ve_sigma(proc, s)
+        a, _, _ = np_coeffs(proc, t)
+        xt = a * (x0n[i] + s * n[i])
+        e = ((np_denoiser(xt, t) - x0n[i]) ** 2).mean()
+        ref.append((s**2 + 0.49) / (s * 0.7) ** 2 * e)
+        sig.append(s)
+    np.testing.assert_allclose(np.asarray(aux["sigma"]), sig, rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(per), ref, rtol=2e-3, atol=1e-5)
+
+
+def test_edm_without_floor_is_unchanged():
+    """p_uniform = 0 keeps EDM's own draws (z ~ N(0, 1) from the example's key), so runs
+    trained before the floor existed train on the same noise levels (to float32 rounding
+    of exp inside and outside jit)."""
+    key = jax.random.key(6)
+    x0 = _data(5, (3,))
+    obj = EDMLoss(process=EDM(), **EDM_HP)
+    (per, aux), _ = _evaluate((obj,), ToySource(process=EDM()), x0, key)[0]
+    z, _ = example_draws(key, x0, "normal")
+    np.testing.assert_allclose(
+        np.asarray(aux["sigma"]),
+        np.exp(EDM_HP["P_mean"] + EDM_HP["P_std"] * np.asarray(z, np.float64)),
+        rtol=1e-6,
+    )
+
+
 # --- per-example randomness ------------------------------------------------------
 
 
@@ -285,3 +383,55 @@ def test_example_draws_distribution():
         (eps[:, 0], eps[:, 1]),
     ):
         assert abs(np.corrcoef(a, b)[0, 1]) < 4 / np.sqrt(len(a))
+
+
+def _compose_train(overrides):
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    from experiments import schema
+
+    schema.register_configs()
+    root = Path(__file__).resolve().parents[2]
+    with initialize_config_dir(config_dir=str(root / "configs"), version_base="1.3"):
+        return compose("train", overrides=overrides)
+
+
+def test_floor_through_the_config_and_the_mnist_preset():
+    """objective.p_uniform / objective.sigma_range reach EDMLoss; the MNIST MLP preset's
+    floor covers the process's [sigma_min, sigma_max]; bad values are refused naming the
+    field, before anything is compiled."""
+    from experiments import build
+
+    cfg = _compose_train(["experiment=mnist_mlp_edm"])
+    obj = build.build_objective(cfg, build.build_process(cfg))
+    assert isinstance(obj, EDMLoss) and obj.p_uniform == 0.1
+    assert obj.sigma_range == (cfg.process.sigma_min, cfg.process.sigma_max) == (0.002, 80.0)
+    plain = build.build_objective(_compose_train(["objective=edm"]), EDM())
+    assert plain.p_uniform == 0.0 and plain.sigma_range is None  # EDM's loss unchanged
+    for over, field in [
+        (["objective=edm", "objective.sigma_range=[0.002,80]"], "objective.sigma_range"),
+        (["objective=edm", "objective.p_uniform=0.2"], "objective.sigma_range"),
+        (["objective=edm", "objective.p_uniform=1.5"], "objective.p_uniform"),
+    ]:
+        cfg = _compose_train(over)
+        with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+            build.build_objective(cfg, build.build_process(cfg))
+
+
+def test_train_refuses_the_fisher_weighting():
+    """weighting=fisher is the unit weight of the Fisher-scaled network, which
+    experiments.train does not build: refused, naming the field, not trained wrongly."""
+    from experiments import build
+
+    cfg = _compose_train(
+        [
+            "experiment=tsm_gmm",
+            "objective.kappa=switch",
+            "objective.sigma_switch=0.3",
+            "objective.weighting=fisher",
+        ]
+    )
+    with pytest.raises(ValueError, match=r"objective\.weighting: 'fisher'"):
+        build.build_objective(cfg, build.build_process(cfg))

@@ -44,6 +44,16 @@ def test_process_weights_match_closed_forms(p):
     )
     for name, ref in (("sigma2", s**2), ("likelihood", g2), ("none", np.ones(t.size))):
         np.testing.assert_allclose(weights.dsm_weight(name, process=p, t=tj), ref, rtol=5e-4)
+    # fisher: alpha^2 / c_out_score^2 with c_out_score written from its definition
+    # (EDM's c_out / v^2 times v / sqrt(v^2 + sf^2), v = sigma / alpha)
+    sf = 0.3
+    v = s / a
+    c_out_score = (v * sd / np.sqrt(v**2 + sd**2)) / v**2 * v / np.sqrt(v**2 + sf**2)
+    np.testing.assert_allclose(
+        weights.fisher_weight(process=p, t=tj, sigma_data=sd, sigma_fisher=sf),
+        a**2 / c_out_score**2,
+        rtol=5e-4,
+    )
 
 
 @pytest.mark.parametrize("sigma_data", [0.5, 1.3])

@@ -10,7 +10,8 @@ import pytest
 from flax import nnx
 
 from scorelib.nets.mlp import MLP
-from scorelib.nets.precond import edm_precond
+from scorelib.nets.precond import edm_precond, fisher_precond
+from scorelib.objectives import weights
 from scorelib.objectives.weights import edm_weight
 from scorelib.processes import EDM, VP, SubVP
 from scorelib.scores import NetworkScore, preconditioned_denoiser
@@ -150,3 +151,79 @@ def test_direct_preconditioned_denoiser_matches_source():
         rtol=1e-5,
         atol=1e-6,
     )
+
+
+# --- Fisher-scaled preconditioning (scorelib/nets/precond.py, fisher_precond) -------------
+
+
+def _np_fisher(sigma, sd, sf):
+    """The coefficients written from their definitions in float64: EDM's (Table 1) with
+    c_out multiplied by sigma / sqrt(sigma^2 + sf^2); the score form by Tweedie."""
+    c_skip = sd**2 / (sigma**2 + sd**2)
+    c_out = sigma * sd / np.sqrt(sigma**2 + sd**2) * sigma / np.sqrt(sigma**2 + sf**2)
+    return c_skip, c_out, (c_skip - 1) / sigma**2, c_out / sigma**2
+
+
+@pytest.mark.parametrize("sd, sf", [(0.5, 0.5), (1.8, 0.35)])
+def test_fisher_precond_against_definition_and_limits(sd, sf):
+    sigma = np.geomspace(1e-3, 80.0, 13)
+    c = fisher_precond(jnp.asarray(sigma), sd, sf)
+    e = edm_precond(jnp.asarray(sigma), sd)
+    c_skip, c_out, c_skip_score, c_out_score = _np_fisher(sigma, sd, sf)
+    np.testing.assert_allclose(c.c_skip, c_skip, rtol=1e-5)
+    np.testing.assert_allclose(c.c_out, c_out, rtol=1e-5)
+    np.testing.assert_allclose(c.c_skip_score, c_skip_score, rtol=1e-4)
+    np.testing.assert_allclose(c.c_out_score, c_out_score, rtol=1e-4)
+    np.testing.assert_array_equal(c.c_in, e.c_in)
+    np.testing.assert_array_equal(c.c_noise, e.c_noise)
+    # EDM's c_out well above sigma_fisher; a unit-scale score predictor (1 / sf) well below
+    hi, lo = sigma > 30 * sf, sigma < sf / 30
+    np.testing.assert_allclose(c.c_out[hi], e.c_out[hi], rtol=1e-3)
+    np.testing.assert_allclose(c.c_out_score[lo], 1.0 / sf, rtol=1e-3)
+    # unit weight on F: fisher_weight * c_out_score^2 = 1 (alpha = 1)
+    lam = weights.fisher_weight(process=EDM(), t=jnp.asarray(sigma), sigma_data=sd, sigma_fisher=sf)
+    np.testing.assert_allclose(lam * c.c_out_score**2, 1.0, rtol=1e-4)
+
+
+@pytest.mark.parametrize("p", [EDM(), VP()], ids=repr)
+def test_fisher_network_score_is_the_preconditioned_network(p):
+    """score = (1 / alpha) (c_skip_score x_ve + c_out_score F(c_in x_ve; c_noise)) with
+    numpy coefficients; the denoiser is Tweedie of it, (x + sigma^2 s) / alpha."""
+    sd, sf = 0.5, 0.2
+    src, model = make_source(p, (3,), sigma_data=sd, zero_out=False)
+    src = src.replace(sigma_fisher=sf)
+    x = jax.random.normal(jax.random.key(2), (4, 3))
+    ts = [0.1, 0.3, 0.6, 0.9] if isinstance(p, VP) else [0.001, 0.05, 1.0, 60.0]
+    out = score_fn(src, x, jnp.asarray(ts))
+    den = denoiser_fn(src, x, jnp.asarray(ts))
+    for i, t in enumerate(ts):
+        a, s = ref_alpha_sigma(p, t)
+        ve = s / a
+        xv = np.asarray(x[i : i + 1], np.float64) / a
+        c_in, c_noise = 1 / math.sqrt(ve**2 + sd**2), math.log(ve) / 4
+        f = np.asarray(model(jnp.asarray(c_in * xv, jnp.float32), jnp.asarray([c_noise])))
+        _, _, cs, co = _np_fisher(ve, sd, sf)
+        s_ref = (cs * xv + co * f) / a
+        np.testing.assert_allclose(out[i : i + 1], s_ref, rtol=1e-4, atol=1e-5)
+        d_ref = (np.asarray(x[i : i + 1], np.float64) + s**2 * s_ref) / a
+        np.testing.assert_allclose(den[i : i + 1], d_ref, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="sigma_fisher"):
+        src.replace(sigma_fisher=0.0)
+
+
+def test_fisher_score_keeps_float32_precision_at_small_sigma():
+    """At sigma = 1e-3 the score in score form matches float64 to 1e-5, where Tweedie from
+    a float32 denoiser ((D - x) / sigma^2, EDM's path) loses about 1e-2 to cancellation."""
+    sd, sf, sigma = 1.0, 0.3, 1e-3
+    src, model = make_source(EDM(), (8,), sigma_data=sd, zero_out=False)
+    src = src.replace(sigma_fisher=sf)
+    x = 2.0 * jax.random.normal(jax.random.key(7), (64, 8))
+    xd = np.asarray(x, np.float64)
+    c_in, c_noise = 1 / math.sqrt(sigma**2 + sd**2), math.log(sigma) / 4
+    f = np.asarray(model(jnp.asarray(c_in * xd, jnp.float32), jnp.full((64,), c_noise)), np.float64)
+    _, _, cs, co = _np_fisher(sigma, sd, sf)
+    ref = cs * xd + co * f
+    got = np.asarray(score_fn(src, x, sigma), np.float64)
+    assert np.max(np.abs(got - ref)) / np.max(np.abs(ref)) < 1e-5
+    tweedie = (np.asarray(denoiser_fn(src, x, sigma), np.float32) - np.asarray(x)) / sigma**2
+    assert np.max(np.abs(tweedie - ref)) / np.max(np.abs(ref)) > 1e-3

@@ -119,6 +119,14 @@ def test_tsm_settings_smoke_merge_and_validation():
         with pytest.raises(ValueError, match=msg):
             tln._settings(bad)
     bad = OmegaConf.load(CONFIG)
+    bad.objectives.switch.precond = "score"
+    with pytest.raises(ValueError, match=r"table\.objectives\.switch\.precond must be one of"):
+        tln._settings(bad)
+    bad = OmegaConf.load(CONFIG)
+    bad.controls = ["nothing"]
+    with pytest.raises(ValueError, match="table.controls"):
+        tln._settings(bad)
+    bad = OmegaConf.load(CONFIG)
     bad.sigmas = [1e-4, 1.0]  # below the process's sigma_min = 1e-3
     with pytest.raises(ValueError, match="outside the VE-frame range"):
         tln._process(tln._settings(bad))
@@ -160,6 +168,29 @@ def _fake_result(name, dim, objs, sigmas, rng):
     }
 
 
+def test_mixture_verdict_ties_within_the_seed_spread():
+    """tied when the means differ by at most sqrt(sd_mix^2 + sd_pure^2); controls ignored."""
+    r = {
+        "objectives": ["dsm", "tsm", "switch", "ctrl"],
+        "roles": {"dsm": "pure", "tsm": "pure", "switch": "mixture", "ctrl": "control"},
+        "error": {
+            "dsm": [[1.0, 1.0], [1.2, 1.2]],  # mean 1.1, sd 0.1
+            "tsm": [[5.0, 0.1], [5.0, 0.1]],
+            "switch": [[1.05, 0.5], [1.25, 0.5]],  # sigma 0: 1.15 +- 0.1 vs 1.1 +- 0.1: tied
+            "ctrl": [[1e-3, 1e-3], [1e-3, 1e-3]],  # a control never wins the verdict
+        },
+    }
+    text, verdict = tln.mixture_verdict(r, 0)
+    assert verdict == "tied" and text.startswith("switch 1.15 vs DSM 1.1")
+    r["error"]["switch"] = [[1.5, 0.5], [1.5, 0.5]]  # 1.5 +- 0 vs 1.1 +- 0.1: DSM best
+    assert tln.mixture_verdict(r, 0)[1] == "DSM best"
+    assert tln.mixture_verdict(r, 1)[1] == "TSM best"  # 0.5 vs TSM's 0.1
+    r["error"]["switch"] = [[0.5, 0.05], [0.5, 0.05]]
+    assert tln.mixture_verdict(r, 1)[1] == "mixture best"
+    r["roles"]["switch"] = "control"
+    assert tln.mixture_verdict(r, 1) is None
+
+
 def test_tsm_report_tables_from_a_result(tmp_path):
     rng = np.random.default_rng(0)
     objs = ["dsm", "tsm", "switch"]
@@ -176,10 +207,13 @@ def test_tsm_report_tables_from_a_result(tmp_path):
     assert var["columns"][:6] == ["target", "d", "sigma", "d/sigma^2", "DSM label", "TSM label"]
     assert var["rows"][0][3] == pytest.approx(2 / 1e-6) and len(var["rows"]) == 6
     err = tabs["score_error"]
-    assert all(r[-2] == "TSM" for r in err["rows"])  # the 'best' column follows the means
+    assert all(r[-3] == "TSM" for r in err["rows"])  # the 'best' column follows the means
     assert err["rows"][0][3] == "0.001 ± 0" and "paper (expected shape)" in err["columns"]
+    # the verdict: the best mixture (switch, errors in [0.1, 1]) against TSM (1e-3, sd 0)
+    assert all(": TSM best (x" in r[-2] and r[-2].startswith("switch ") for r in err["rows"])
     summ = tabs["summary"]
     assert summ["rows"][0][2].startswith("3 / -3.00")
+    assert summ["rows"][0][-1] == "0 / 3 (not at sigma 0.001, 1, 10)"
     assert [r[1] for r in tabs["samples"]["rows"]][-2:] == [
         "exact score (reference)",
         "exact samples (reference)",

@@ -80,6 +80,40 @@ def test_sample_is_prefix_stable_and_batch_is_deterministic():
     assert not np.array_equal(t.batch(8, seed=1, step=3), t.batch(8, seed=1, step=4))
 
 
+def test_fisher_scale_of_a_gaussian_is_closed_form():
+    """N(m, C): E ||C^{-1}(x - m)||^2 = tr C^{-1}, so fisher_scale = sqrt(d / tr C^{-1});
+    for C = s^2 I it is s = sigma_data."""
+    c = np.diag([0.25, 1.0, 4.0])
+    t = GaussianMixtureTarget.create([1.0], [[1.0, -2.0, 0.5]], [c])
+    ref = math.sqrt(3 / np.trace(np.linalg.inv(c)))
+    # Monte Carlo: sum_i z_i^2 / c_ii over 65,536 draws, relative sd ~ 0.3%
+    assert abs(t.fisher_scale() - ref) < 0.01 * ref, (t.fisher_scale(), ref)
+    iso = GaussianMixtureTarget.create([1.0], [[0.0, 0.0]], [0.49 * np.eye(2)])
+    assert abs(iso.fisher_scale() - 0.7) < 0.01 * 0.7
+    assert abs(iso.sigma_data - 0.7) < 1e-6
+
+
+def test_fisher_scale_of_a_mixture_against_quadrature():
+    """1-D mixture: J_0 = int p'(x)^2 / p(x) dx by scipy quadrature; narrow modes make
+    fisher_scale much smaller than sigma_data (Cramér-Rao: never larger)."""
+    t = gmm_1d()
+    w, m, sd = (
+        np.asarray(t.weights),
+        np.asarray(t.means)[:, 0],
+        np.sqrt(np.asarray(t.covs)[:, 0, 0]),
+    )
+
+    def p_and_dp(x):
+        comp = w * stats.norm.pdf(x, m, sd)
+        return comp.sum(), (comp * -(x - m) / sd**2).sum()
+
+    j0 = integrate.quad(lambda x: p_and_dp(x)[1] ** 2 / p_and_dp(x)[0], -10, 12, limit=400)[0]
+    ref = math.sqrt(1.0 / j0)
+    got = t.fisher_scale()
+    assert abs(got - ref) < 0.02 * ref, (got, ref)
+    assert got < 0.2 * t.sigma_data
+
+
 def test_gmm_validation_names_fields():
     with pytest.raises(ValueError, match="target.weights"):
         GaussianMixtureTarget.create([1.0, -1.0], [[0.0], [1.0]], stds=[1.0, 1.0])

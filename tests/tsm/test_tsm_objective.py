@@ -302,6 +302,10 @@ def test_validation_errors_name_the_field():
         TSM(p, tg, weighting="edm")
     with pytest.raises(ValueError, match="kappa of TSM must be 'tsm'"):
         TSM(p, tg, kappa="dsm")
+    with pytest.raises(ValueError, match="objective.sigma_fisher"):  # used by 'fisher' only
+        MixedScoreMatching(p, tg, weighting="relative", sigma_fisher=0.3)
+    with pytest.raises(ValueError, match="objective.sigma_fisher"):
+        MixedScoreMatching(p, tg, weighting="fisher", sigma_fisher=0.0)
 
 
 def test_objective_is_hashable_and_jits():
@@ -340,6 +344,12 @@ def test_weightings():
     k = np.clip(np.log(10.0 / (s / a)) / np.log(100.0), 0, 1)
     np.testing.assert_allclose(mix.weight(t), k * a**2 + (1 - k) * s**2, rtol=1e-5)
     assert 0 < k[1] < 1  # the interpolation is exercised
+    # fisher: alpha^2 (v^2 + sf^2)(v^2 + sd^2) / sd^2 with v = sigma / alpha
+    fis = MixedScoreMatching(
+        p, tg, kappa="switch", weighting="fisher", sigma_d=sd, sigma_fisher=0.3
+    )
+    v2 = (s / a) ** 2
+    np.testing.assert_allclose(fis.weight(t), a**2 * (v2 + 0.09) * (v2 + sd**2) / sd**2, rtol=1e-5)
     # pure TSM with alpha2 is the normalised loss ||alpha s_theta - grad log p0(x0)||^2
     src = LinearScore(process=p, A=-jnp.eye(1), b=jnp.zeros(1), c=jnp.zeros(1))
     x0 = tg.sample(jax.random.key(0), 5)
