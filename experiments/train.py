@@ -16,6 +16,7 @@ checkpoints, ``metrics.jsonl``, ``train.log``, TensorBoard events (``tb/``),
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import sys
 from pathlib import Path
@@ -62,8 +63,44 @@ def identity(cfg: DictConfig) -> dict:
     return _flatten(tree)
 
 
+_ABSENT = "<absent>"
+
+
+def schema_default(cfg: DictConfig, key: str):
+    """The structured-config default of the dotted field ``key`` of ``cfg`` (its schema
+    dataclass's field default), or ``_ABSENT`` when there is none."""
+    parent, _, name = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    kind = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+    if not dataclasses.is_dataclass(kind):
+        return _ABSENT
+    field = next((f for f in dataclasses.fields(kind) if f.name == name), None)
+    if field is None:
+        return _ABSENT
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return OmegaConf.to_container(OmegaConf.create({"v": field.default_factory()}))["v"]
+    return _ABSENT
+
+
+def identity_diffs(old: dict, new: dict, cfg: DictConfig) -> list[str]:
+    """The fields where two identities differ. A field absent from ``old`` (a run written
+    before the field existed) counts as equal when ``new`` holds its schema default: a new
+    option's default keeps the behaviour the library had before it."""
+    diffs = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k, _ABSENT), new.get(k, _ABSENT)
+        if a == b or (a == _ABSENT and b == schema_default(cfg, k)):
+            continue
+        diffs.append(f"{k}: run {a!r}, this command {b!r}")
+    return diffs
+
+
 def check_same_run(run_dir: Path, cfg: DictConfig) -> None:
-    """Refuse to train into ``run_dir`` when its ``config.yaml`` defines another model.
+    """Refuse to train into ``run_dir`` when its ``config.yaml`` defines another model
+    (:func:`identity_diffs`: fields added to the schema since the run was written do not
+    count while they hold their defaults).
 
     Raises:
       ValueError: naming up to three differing fields.
@@ -72,11 +109,7 @@ def check_same_run(run_dir: Path, cfg: DictConfig) -> None:
     if not path.is_file():
         return
     old, new = identity(OmegaConf.to_container(OmegaConf.load(path))), identity(cfg)
-    diffs = [
-        f"{k}: run {old.get(k, '<absent>')!r}, this command {new.get(k, '<absent>')!r}"
-        for k in sorted(set(old) | set(new))
-        if old.get(k, "<absent>") != new.get(k, "<absent>")
-    ]
+    diffs = identity_diffs(old, new, cfg)
     if diffs:
         more = f" and {len(diffs) - 3} more" if len(diffs) > 3 else ""
         raise ValueError(

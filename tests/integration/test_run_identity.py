@@ -102,3 +102,32 @@ def test_a_refused_resume_writes_nothing(toy_run, tmp_path):
     assert r.code == 2 and len(r.err_lines) == 1, r.stderr[-2000:]
     assert "model.width: run 256, this command 64" in r.err_lines[0]
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == snapshot
+
+
+def _compose(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    schema.register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+def test_a_run_written_before_a_field_existed_resumes_while_it_holds_its_default(tmp_path):
+    """A config.yaml without objective.p_uniform / sigma_range (a run from before they
+    existed) is the same run as today's default; a non-default value is another run."""
+    from experiments.train import check_same_run
+
+    cfg = _compose("experiment=digits_edm")
+    old = OmegaConf.to_container(cfg, resolve=True)
+    del old["objective"]["p_uniform"], old["objective"]["sigma_range"]
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(old))
+    check_same_run(tmp_path, cfg)  # no error
+    other = _compose(
+        "experiment=digits_edm", "objective.p_uniform=0.1", "objective.sigma_range=[0.002,80]"
+    )
+    with pytest.raises(ValueError, match="objective.p_uniform: run '<absent>', this command 0.1"):
+        check_same_run(tmp_path, other)
+    old["model"]["width"] = 7  # a real difference is still one
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(old))
+    with pytest.raises(ValueError, match="model.width: run 7"):
+        check_same_run(tmp_path, cfg)
