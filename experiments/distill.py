@@ -8,8 +8,10 @@ resumes the run bit for bit (``scorelib.training.train`` with the whole
 it. Every check (the config fields, the teacher's checkpoint against its model, an
 existing run's config and checkpoint against this command's) runs before anything is
 compiled or written. ``metrics.jsonl`` logs the losses, the ratios ``r_mean``/``r_min``/
-``r_max``, the largest weight ``h_max`` and the per-bin ratio means ``ratio_bin<k>``; a
-non-finite loss stops the run with its step number. At the end one-step samples of the
+``r_max``, the largest weight ``h_max``, the R1 penalty ``loss_r1`` and the per-bin ratio
+means ``ratio_bin<k>``; a non-finite loss stops the run with its step number. The run
+prints what the discriminator heads read (``discriminator: 4 heads on the teacher
+network's features 32x32x256, ...``). At the end one-step samples of the
 student's EMA are written under ``samples/step<k>/onestep_1_n<num>_seed<seed>/``;
 ``python -m experiments.sample run_dir=<run>`` and ``python -m experiments.evaluate
 run_dir=<run>`` work on the run as on a training run.
@@ -59,6 +61,7 @@ class DistillRun:
     state: distill.DistillState
     step_fn: Any
     fingerprint: dict
+    disc_inputs: str = ""  # what the discriminator heads read (printed at the start)
 
     def sample(self, params, num_samples: int, seed: int, batch_size: int) -> np.ndarray:
         """``[num_samples, *data_shape]`` one-step samples of the generator ``params``;
@@ -159,6 +162,7 @@ class Teacher:
     teacher_net: tuple | None  # (graphdef, params) whose features feed the discriminator
     model_cfg: dict
     identity: dict  # what names the teacher in the checkpoint's fingerprint
+    disc_inputs: str  # e.g. "4 heads on the teacher network's features 32x32x256, ..."
 
 
 def _check_teacher_fields(cfg: DictConfig) -> str:
@@ -263,8 +267,9 @@ def _teacher_from_run(cfg: DictConfig) -> Teacher:
     feats = jax.eval_shape(
         lambda p, x, c: distill.network_features(graphdef, p, x, c), params, x, c
     )
+    shapes = [f.shape[1:] for f in feats]
     disc = distill.Discriminator(
-        [f.shape[1:] for f in feats], cfg.distill.disc_width, rngs=nnx.Rngs(cfg.trainer.seed + 1)
+        shapes, cfg.distill.disc_width, rngs=nnx.Rngs(cfg.trainer.seed + 1)
     )
     return Teacher(
         source=run.source(params),
@@ -281,7 +286,14 @@ def _teacher_from_run(cfg: DictConfig) -> Teacher:
             "teacher": str(run_dir.resolve()),
             "teacher_step": cfg.teacher.get("step"),
         },
+        disc_inputs=_heads_on("the teacher network's", shapes),
     )
+
+
+def _heads_on(whose: str, shapes) -> str:
+    """``'3 heads on the teacher network's features 32x32x8, 16x16x16, 8x8x16'``."""
+    heads = f"{len(shapes)} head{'s' if len(shapes) > 1 else ''}"
+    return f"{heads} on {whose} features " + ", ".join("x".join(map(str, s)) for s in shapes)
 
 
 def _teacher_without_network(cfg: DictConfig, kind: str) -> Teacher:
@@ -342,6 +354,7 @@ def _teacher_without_network(cfg: DictConfig, kind: str) -> Teacher:
         teacher_net=None,
         model_cfg=_fields(cfg.model),
         identity=identity,
+        disc_inputs=_heads_on("its MLP backbone's", [(width,)] * depth),
     )
 
 
@@ -392,7 +405,17 @@ def setup_distill(cfg: DictConfig) -> DistillRun:
         "distill": _fields(cfg.distill),
     }
     return DistillRun(
-        cfg, t.source, t.process, t.data, t.sigma_data, nets, dcfg, state, step_fn, fingerprint
+        cfg,
+        t.source,
+        t.process,
+        t.data,
+        t.sigma_data,
+        nets,
+        dcfg,
+        state,
+        step_fn,
+        fingerprint,
+        t.disc_inputs,
     )
 
 
@@ -574,6 +597,7 @@ def distill_in(
     jax.config.update("jax_default_matmul_precision", "highest")
     start_devices(cfg, data_parallel=False)  # one process, one device (cluster_run)
     run = setup_distill(cfg)
+    print(f"discriminator: {run.disc_inputs}", flush=True)
     check_same_run(run_dir, cfg)
     steps = saved_steps(run_dir)
     if steps:

@@ -171,11 +171,16 @@ def init_distill_state(params: dict, optimizers: dict, cfg: DistillConfig, seed:
       optimizers: ``{'student', 'fake', 'disc'}`` optax transformations.
       cfg: the :class:`DistillConfig` (for ``ratio_bins``).
       seed: the base key's seed.
+
+    Every leaf is committed to one device when some are (a teacher restored from a
+    checkpoint is, the fresh parts are not): the jitted step's cache key includes which
+    inputs are committed and its outputs all are, so a mixed state would compile the
+    step a second time at step 1.
     """
     require(set(params) == set(PARTS), "params", f"a dict with keys {PARTS}", sorted(params))
     copy = lambda tree: jax.tree.map(lambda x: jnp.array(x, copy=True), tree)  # noqa: E731
     params = {k: copy(params[k]) for k in PARTS}
-    return DistillState(
+    state = DistillState(
         params=params,
         ema_params=copy(params["student"]),
         opt_state={k: optimizers[k].init(params[k]) for k in PARTS},
@@ -185,6 +190,11 @@ def init_distill_state(params: dict, optimizers: dict, cfg: DistillConfig, seed:
         n_skipped=jnp.zeros((), jnp.int32),
         first_nonfinite=jnp.full((), -1, jnp.int32),
     )
+    concrete = [x for x in jax.tree.leaves(state) if not isinstance(x, jax.core.Tracer)]
+    devices = {d for x in concrete if getattr(x, "committed", False) for d in x.devices()}
+    if len(devices) == 1:
+        state = jax.device_put(state, devices.pop())
+    return state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,7 +247,8 @@ def make_distill_step(
 
     Returns:
       ``step``. Its metrics (float32 scalars): ``loss`` (the updated part's),
-      ``loss_student``, ``loss_fake``, ``loss_disc``, ``student_step`` (1 or 0),
+      ``loss_student``, ``loss_fake``, ``loss_disc`` (R1 included), ``loss_r1`` (the R1
+      penalty before its weight; 0 while it is off), ``student_step`` (1 or 0),
       ``grad_norm``, ``finite``, ``ema_beta``, ``r_mean``, ``r_min``, ``r_max`` (ratios
       after clipping, before normalisation), ``h_max`` (largest normalised weight) and
       ``ratio_bin<k>`` (the per-bin means after the step).
@@ -299,11 +310,13 @@ def make_distill_step(
         l_disc = jnp.mean(
             losses.discriminator_losses(logits_at(params["disc"], sg(x_t), t), logits_real)
         )
+        l_r1 = jnp.zeros((), jnp.float32)
         if cfg.r1_weight > 0:
             x_r1 = x_r + (R1_NOISE if cfg.r1_noise is None else cfg.r1_noise) * n_r1
-            l_disc = l_disc + cfg.r1_weight * jnp.mean(
+            l_r1 = jnp.mean(
                 losses.r1_example_losses(logits_real, logits_at(params["disc"], x_r1, t_r))
             )
+            l_disc = l_disc + cfg.r1_weight * l_r1
         l_fake = jnp.mean(losses.fake_score_example_losses(x_fake, g))
         terms = {
             "loss_student": l_student + cfg.gan_weight * l_gan,
@@ -315,6 +328,7 @@ def make_distill_step(
             "r_min": jnp.min(r),
             "r_max": jnp.max(r),
             "h_max": jnp.max(h),
+            "loss_r1": l_r1,
         }
         return terms, diag, means
 

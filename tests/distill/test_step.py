@@ -118,6 +118,7 @@ def test_student_and_critic_steps_move_their_own_parts_and_nan_stops():
     for m in metrics[:3]:
         assert m["finite"] == 1 and all(np.isfinite(v) for v in m.values())
         assert m["r_min"] >= 0.1 and m["r_max"] <= 20
+        assert m["loss_r1"] > 0  # r1_weight = 1: the penalty is on, and logged
         assert {f"ratio_bin{k}" for k in range(10)} <= set(m)
     # step 3: NaN data -> no update, recorded
     assert metrics[3]["finite"] == 0
@@ -127,6 +128,42 @@ def test_student_and_critic_steps_move_their_own_parts_and_nan_stops():
     fresh = distill.init_distill_state(params, opts, cfg, seed=0)
     with pytest.raises(FloatingPointError, match="non-finite loss at step 3"):
         training.train(fresh, step, num_steps=4, log_every=2, progress=False, handle_signals=False)
+
+
+def test_a_teacher_restored_on_its_device_compiles_the_step_once():
+    """A teacher restored from a checkpoint is committed to its device and the fresh parts
+    (discriminator, key, ratio means) are not: the state is committed whole, so the
+    critic step at step 1 reuses the executable of step 0 (it compiled the U-Net step a
+    second time, 2 minutes on a loaded CPU). Also: ``loss_r1`` is 0 while R1 is off."""
+    target = GaussianMixtureTarget.create([0.5, 0.5], [[1.0, 0], [-1, 0]], stds=[0.2, 0.2])
+    model = MLP((2,), width=16, depth=1, emb_dim=8, rngs=nnx.Rngs(0))
+    gd, p_model = nnx.split(model, nnx.Param)
+    p_model = jax.device_put(p_model, jax.devices()[0])  # as orbax restores it
+    disc = distill.Discriminator(
+        [(16,)], 8, MLP((2,), width=16, depth=1, rngs=nnx.Rngs(2)), rngs=nnx.Rngs(1)
+    )
+    gdd, p_disc = nnx.split(disc, nnx.Param)
+    cfg = distill.DistillConfig(student_every=2)
+    opts = {k: distill.make_optimizer(1e-3, 0.01) for k in distill.PARTS}
+    params = {"student": p_model, "fake": p_model, "disc": p_disc}
+    state = distill.init_distill_state(params, opts, cfg, seed=0)
+    assert {x.committed for x in jax.tree.leaves(state)} == {True}
+    abstract = jax.eval_shape(lambda p: distill.init_distill_state(p, opts, cfg, seed=0), params)
+    assert jax.tree.structure(abstract) == jax.tree.structure(state)  # traceable as before
+    step = distill.make_distill_step(
+        target.noisy_score(EDM()),
+        distill.Networks(gd, gdd, None, 1.0),
+        cfg,
+        opts,
+        EMA(batch_size=8, decay=0.9),
+        lambda i: target.batch(8, seed=0, step=i),
+        8,
+        (2,),
+    )
+    for _ in range(3):  # a student step, a critic step, a student step
+        state, m = step(state)
+        assert float(m["loss_r1"]) == 0.0
+    assert step._cache_size() == 1
 
 
 @pytest.mark.parametrize(

@@ -74,6 +74,7 @@ def test_distill_gmm_cli_then_sample_and_evaluate(tmp_path):
     assert {"r_mean", "r_min", "r_max", "h_max", "ratio_bin0", "ratio_bin9"} <= logged
     assert {"loss_student", "loss_fake", "loss_disc"} <= logged
     assert "run directory" in r.stdout
+    assert "discriminator: 1 head on its MLP backbone's features 16\n" in r.stdout
     # the same command again: complete, nothing retrained
     again = run_inprocess("distill", *SMOKE, "trainer.steps=20", f"hydra.run.dir={out}")
     assert again.code == 0, again.stderr
@@ -109,6 +110,7 @@ def test_distill_from_a_trained_run(toy_run, tmp_path):
     ]
     r = run_inprocess("distill", *args)
     assert r.code == 0, r.stderr
+    assert "discriminator: 3 heads on the teacher network's features 256, 256, 256" in r.stdout
     with np.load(out / "samples/step6/onestep_1_n100_seed0/samples.npz") as z:
         assert z["samples"].shape == (100, 2) and np.isfinite(z["samples"]).all()
     bad = run_inprocess("distill", *args[:-1], "model=mlp", f"hydra.run.dir={tmp_path / 'x'}")
