@@ -23,20 +23,16 @@ from omegaconf import DictConfig
 from scorelib import parallel, training
 
 
-def start_devices(cfg: DictConfig, *, data_parallel: bool = True):
-    """Join the run's processes and check its devices; the data-parallel mesh, or ``None``
-    on a single device (or when ``data_parallel`` is false). Call before any JAX
-    computation.
+def start_devices(cfg: DictConfig):
+    """Join the run's processes and check its devices; the data-parallel mesh over every
+    device, or ``None`` on a single device. Call before any JAX computation.
 
     Args:
       cfg: the run's config; reads ``cfg.cluster``.
-      data_parallel: the entry point shards its batches over every device. When false it
-        runs in one process on JAX's default device: several processes are refused, and
-        with several local devices a line says that one is used.
 
     Raises:
       ValueError: a bad ``cluster.*`` field; GPUs asked for and a CPU-only JAX (unless
-        ``cluster.allow_cpu``); several processes with ``data_parallel=False``.
+        ``cluster.allow_cpu``).
       RuntimeError: a missing process or device, or fewer GPUs than
         ``cluster.gpus_per_node``.
     """
@@ -46,12 +42,6 @@ def start_devices(cfg: DictConfig, *, data_parallel: bool = True):
         num_processes=cc.get("num_processes"),
         process_id=cc.get("process_id"),
     )
-    if not data_parallel and settings.num_processes > 1:
-        raise ValueError(
-            f"{settings.num_processes} processes ({settings.source} settings): this command "
-            "runs in one process on one device; start one task (srun -n 1, "
-            "cluster.tasks_per_node=1, cluster.nodes=1) and no cluster.num_processes"
-        )
     parallel.initialize(settings)
     parallel.check_devices(settings)
     gpus = cc.get("gpus_per_node", 0)
@@ -59,14 +49,6 @@ def start_devices(cfg: DictConfig, *, data_parallel: bool = True):
     if parallel.check_accelerator(gpus, allow_cpu=allow_cpu) != "cpu":
         parallel.check_gpus(gpus, tasks_per_node=cc.get("tasks_per_node", 1))
     if jax.device_count() == 1:
-        return None
-    if not data_parallel:
-        print(
-            f"this command runs on one device: {jax.devices()[0]} of the "
-            f"{jax.device_count()} JAX sees",
-            file=sys.stderr,
-            flush=True,
-        )
         return None
     return parallel.make_mesh()
 

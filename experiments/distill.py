@@ -19,6 +19,7 @@ run_dir=<run>`` work on the run as on a training run.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ from experiments import build, schema
 from experiments.cluster_run import start_devices, train_loop
 from experiments.common import clean_errors, hydra_app, write_run_info
 from experiments.outputs import save_samples, saved_steps
-from scorelib import distill, training
+from scorelib import distill, parallel, training
 from scorelib._checks import check_int, require
 from scorelib.keys import example_keys
 from scorelib.nets import MLP
@@ -371,15 +372,23 @@ def build_teacher(cfg: DictConfig) -> Teacher:
     return _teacher_without_network(cfg, kind)
 
 
-def setup_distill(cfg: DictConfig) -> DistillRun:
+def setup_distill(cfg: DictConfig, mesh=None) -> DistillRun:
     """Build every object of the distillation; every config error surfaces here.
 
+    With a ``mesh`` (``scorelib.parallel.make_mesh``) the step is data-parallel: the state,
+    the teacher and the training images are replicated on every device, and each step's
+    per-example draws and real batch are split along the mesh's ``data`` axis
+    (``scorelib.distill.make_distill_step``'s ``batch_sharding``).
+
     Raises:
-      ValueError, FileNotFoundError: naming the config field.
+      ValueError, FileNotFoundError: naming the config field (``trainer.batch_size`` not
+        a multiple of the number of devices, too).
     """
     _check_sections(cfg)
     tc = cfg.trainer
     seed = tc.seed
+    if mesh is not None:
+        parallel.check_batch_size(tc.batch_size, mesh)
     t = build_teacher(cfg)
     dcfg = distill_config(cfg, t.process)
     disc_graphdef, disc_params = nnx.split(t.disc, nnx.Param)
@@ -387,16 +396,22 @@ def setup_distill(cfg: DictConfig) -> DistillRun:
     opts = {k: distill.make_optimizer(oc.lr, oc.weight_decay, oc.b1, oc.b2) for k in distill.PARTS}
     params = {"student": t.student, "fake": t.fake, "disc": disc_params}
     state = distill.init_distill_state(params, opts, dcfg, seed)
-    nets = distill.Networks(t.graphdef, disc_graphdef, t.teacher_net, t.sigma_data)
+    source, teacher_net = t.source, t.teacher_net
+    if mesh is not None:
+        state, source = parallel.shard(state, mesh), parallel.shard(source, mesh)
+        if teacher_net is not None:
+            teacher_net = (teacher_net[0], parallel.shard(teacher_net[1], mesh))
+    nets = distill.Networks(t.graphdef, disc_graphdef, teacher_net, t.sigma_data)
     step_fn = distill.make_distill_step(
-        t.source,
+        source,
         nets,
         dcfg,
         opts,
         build.make_ema(tc),
-        t.data.batch_fn(tc.batch_size, seed),
+        t.data.batch_fn(tc.batch_size, seed, mesh),
         tc.batch_size,
         t.data.data_shape,
+        batch_sharding=None if mesh is None else parallel.batch_sharding(mesh),
     )
     fingerprint = {
         "model": t.model_cfg,
@@ -406,7 +421,7 @@ def setup_distill(cfg: DictConfig) -> DistillRun:
     }
     return DistillRun(
         cfg,
-        t.source,
+        source,
         t.process,
         t.data,
         t.sigma_data,
@@ -589,15 +604,20 @@ def distill_in(
       scorelib.training.Interrupted: a signal stopped the run after saving a step (after
         a time-limit signal in a Slurm job, the job is requeued first).
 
-    Runs in one process on one device (several processes are refused; with several local
-    devices JAX's default one is used): ``cfg.cluster`` is read for the accelerator checks.
+    Data-parallel over every device of every process, as ``experiments.train``: the
+    processes (``srun`` tasks, or explicit ``cluster.*`` settings) all run this; process 0
+    alone writes ``run_info.json``, the logs and holds the lock, and all of them save the
+    checkpoints together. The global batch gives the one-device run's losses up to the
+    order of the floating-point reductions.
     """
     from experiments.train import check_same_run, exclusive
 
     jax.config.update("jax_default_matmul_precision", "highest")
-    start_devices(cfg, data_parallel=False)  # one process, one device (cluster_run)
-    run = setup_distill(cfg)
-    print(f"discriminator: {run.disc_inputs}", flush=True)
+    mesh = start_devices(cfg)
+    run = setup_distill(cfg, mesh)
+    lead = jax.process_index() == 0
+    if lead:
+        print(f"discriminator: {run.disc_inputs}", flush=True)
     check_same_run(run_dir, cfg)
     steps = saved_steps(run_dir)
     if steps:
@@ -611,10 +631,11 @@ def distill_in(
             ckpt.check_compatible(steps[-1], training.abstract_state(run.state))
         finally:
             ckpt.close()
-        if steps[-1] < cfg.trainer.steps:
+        if lead and steps[-1] < cfg.trainer.steps:
             print(f"resuming {run_dir} from step {steps[-1]} of {cfg.trainer.steps}", flush=True)
-    with exclusive(run_dir):
-        write_run_info(run_dir, OmegaConf.create(_fields(cfg)), seed=cfg.trainer.seed)
+    with exclusive(run_dir) if lead else contextlib.nullcontext():
+        if lead:
+            write_run_info(run_dir, OmegaConf.create(_fields(cfg)), seed=cfg.trainer.seed)
         ckpt = checkpointer(run, run_dir)
         try:
             state = train_loop(  # saves and requeues on a time-limit signal (cluster_run)
@@ -622,11 +643,11 @@ def distill_in(
                 run.step_fn,
                 num_steps=cfg.trainer.steps,
                 ckpt=ckpt,
-                log_dir=str(run_dir),
+                log_dir=str(run_dir) if lead else None,
                 log_every=cfg.trainer.log_every,
                 nonfinite=cfg.trainer.nonfinite,
                 desc=cfg.name,
-                progress=progress,
+                progress=progress and lead,
                 handle_signals=handle_signals,
                 tensorboard=tensorboard,
             )
@@ -639,12 +660,15 @@ def distill_in(
 def run_distillation(cfg: DictConfig) -> Path:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     run, state = distill_in(run_dir, cfg)
+    if jax.process_index() != 0:  # samples are drawn by process 0 alone
+        return run_dir
     sc = cfg.sampler
+    ema = state.ema_params if jax.device_count() == 1 else parallel.to_host(state.ema_params)
     out = sample_and_save(
         run,
-        state.ema_params,
+        ema,
         run_dir,
-        step=int(state.step),
+        step=int(parallel.to_host(state.step)),
         num_samples=sc.num_samples,
         seed=sc.seed,
         batch_size=sc.batch_size,

@@ -230,6 +230,7 @@ def make_distill_step(
     data_shape: tuple[int, ...],
     *,
     jit: bool = True,
+    batch_sharding: jax.sharding.Sharding | None = None,
 ) -> Callable[[DistillState], tuple[DistillState, dict]]:
     """Build ``step(state) -> (state, metrics)`` (see the module docstring).
 
@@ -244,6 +245,14 @@ def make_distill_step(
       batch_size: examples per step (>= 1).
       data_shape: shape of one example.
       jit: compile with the state donated.
+      batch_sharding: data parallelism, as in :func:`scorelib.training.make_train_step`:
+        the sharding of every per-example array (the draws and the real batch; e.g.
+        ``scorelib.parallel.batch_sharding(mesh)``), so each device works on its share of
+        the global batch and every batch mean (the losses, the per-bin ratio means, the
+        stage-2 normalisation of ``h``) is the global one, all-reduced by XLA. Place the
+        state, the teacher and the real data replicated (``scorelib.parallel.shard``).
+        Every example draws from its own key, so the step is the one-device step up to
+        the order of the floating-point reductions.
 
     Returns:
       ``step``. Its metrics (float32 scalars): ``loss`` (the updated part's),
@@ -258,15 +267,19 @@ def make_distill_step(
     sd = nets.sigma_data
     B, shape = batch_size, tuple(data_shape)
 
+    def per_example(x):
+        """``x: [B, ...]`` laid out along the batch sharding (a no-op on one device)."""
+        return x if batch_sharding is None else jax.lax.with_sharding_constraint(x, batch_sharding)
+
     def draws(key, i):
-        keys = example_keys(jax.random.fold_in(key, i), B)
+        keys = per_example(example_keys(jax.random.fold_in(key, i), B))
 
         def one(k):
             kz, ku, ke, kur, ker, k1 = jax.random.split(k, 6)
             n = lambda kk: jax.random.normal(kk, shape)  # noqa: E731
             return n(kz), jax.random.uniform(ku), n(ke), jax.random.uniform(kur), n(ker), n(k1)
 
-        return jax.vmap(one)(keys)
+        return jax.tree.map(per_example, jax.vmap(one)(keys))
 
     def noised(x0, u, eps):
         ve_sigma = cfg.draw_ve_sigma(u)
@@ -304,7 +317,7 @@ def make_distill_step(
         w = losses.dmd_weight(g, x_teacher)
         l_student = jnp.mean(losses.student_example_losses(g, x_teacher, x_fake, h, w))
         l_gan = jnp.mean(losses.gan_generator_losses(logits_fake))
-        x_real = batch_fn(state.step)
+        x_real = per_example(batch_fn(state.step))
         x_r, t_r, _ = noised(x_real, u_r, eps_r)
         logits_real = logits_at(params["disc"], x_r, t_r)
         l_disc = jnp.mean(

@@ -1,23 +1,29 @@
 """experiments.distill on a cluster (experiments.cluster_run): submitit's time-limit signal
 (SIGUSR2) saves the step before submitit's own handler runs, and the resumed run is bit
-identical to the uninterrupted one; several processes are refused (one device)."""
+identical to the uninterrupted one; data-parallel over 4 devices in 2 processes, the
+one-device run's losses and student."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
-from entry_helpers import run_inprocess
+from entry_helpers import ROOT, run_inprocess
 from hydra import compose, initialize_config_dir
 from test_distill import SMOKE, _same
 
 from experiments.common import CONFIG_DIR
+from scorelib import parallel
 
 STEPS = 200
 
@@ -50,7 +56,7 @@ def test_submitit_time_limit_signal_saves_then_resume_is_bit_identical(tmp_path,
     fresh = lambda: jax.tree.map(jnp.copy, built.state)  # noqa: E731 (the step donates)
     # one compiled step for the three runs: distill_in builds the same run each time
     monkeypatch.setattr(
-        distill, "setup_distill", lambda c: dataclasses.replace(built, state=fresh())
+        distill, "setup_distill", lambda c, mesh=None: dataclasses.replace(built, state=fresh())
     )
     quiet = dict(progress=False, tensorboard=False)
 
@@ -84,18 +90,52 @@ def test_submitit_time_limit_signal_saves_then_resume_is_bit_identical(tmp_path,
     assert _same(resumed, whole)
 
 
-def test_several_processes_are_refused_before_compute(tmp_path):
-    r = run_inprocess(
-        "distill",
-        *SMOKE,
-        "cluster.num_processes=2",
-        "cluster.process_id=0",
-        "cluster.coordinator_address=127.0.0.1:1",
-        f"hydra.run.dir={tmp_path / 'r'}",
+def _distill(run_dir, devices, *extra):
+    """``python -m experiments.distill`` (SMOKE, 8 steps, logged every step) in a process
+    whose JAX sees ``devices`` CPU devices."""
+    args = [*SMOKE, "trainer.steps=8", "trainer.log_every=1", "trainer.ckpt_every=8"]
+    return subprocess.Popen(
+        [sys.executable, "-m", "experiments.distill", *args, f"hydra.run.dir={run_dir}", *extra],
+        cwd=ROOT,
+        env=parallel.forced_devices_env(devices, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
-    assert r.code == 2, r.stderr
-    assert "error: 2 processes (config settings): this command runs in one process" in r.stderr
-    assert not (tmp_path / "r").exists()
+
+
+def _finish(proc, timeout=600):
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out + err[-3000:]
+    return out
+
+
+def _losses(run_dir):
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    keys = ("loss_student", "loss_fake", "loss_disc", "r_mean", "h_max", "ratio_bin0")
+    return np.array([[r[k] for k in keys] for r in rows])
+
+
+@pytest.mark.slow
+def test_data_parallel_distillation_on_2_processes_of_2_devices_is_the_one_device_run(tmp_path):
+    """The global batch split over 4 devices in 2 processes (jax.distributed on localhost):
+    the losses, ratios and per-bin means of every step, and the student's samples, are the
+    one-device run's up to the order of the reductions."""
+    one = tmp_path / "one"
+    _finish(_distill(one, 1))
+    port = parallel.free_ports(2)  # the coordinator's and the roll call's
+    four = tmp_path / "four"
+    cluster = [f"cluster.coordinator_address=127.0.0.1:{port}", "cluster.num_processes=2"]
+    procs = [_distill(four, 2, *cluster, f"cluster.process_id={i}") for i in range(2)]
+    outs = [_finish(p) for p in procs]
+    assert "discriminator:" in outs[0] and "discriminator:" not in outs[1]  # process 0 speaks
+    ref, got = _losses(one), _losses(four)
+    assert ref.shape == (8, 6) and np.ptp(ref[:, 0]) > 0  # the losses move: the test can fail
+    np.testing.assert_allclose(got, ref, rtol=2e-5, atol=1e-6)
+    (a,) = (one / "samples/step8").iterdir()
+    (b,) = (four / "samples/step8").iterdir()
+    with np.load(a / "samples.npz") as x, np.load(b / "samples.npz") as y:
+        np.testing.assert_allclose(y["samples"], x["samples"], rtol=1e-4, atol=1e-5)
 
 
 def test_gpus_asked_for_on_a_cpu_only_jax_are_refused(tmp_path):

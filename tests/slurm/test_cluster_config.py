@@ -134,10 +134,11 @@ def test_a_sweep_through_the_submitit_launcher_runs_without_slurm(tmp_path):
     assert (tmp_path / "outputs/toy_dsm/.submitit").is_dir()  # it went through submitit
 
 
-def test_the_cifar10_fdistill_recipe_asks_the_launcher_for_a_gpu():
+def test_the_cifar10_fdistill_recipe_asks_the_launcher_for_a_node_of_gpus():
     """The Slurm command in the fdistill_cifar10 preset's comment composes to the preset
-    with one GPU per job (without ``cluster=gpu`` the jobs get ``cluster=local``'s
-    resources: no GPU); the README gives the same command."""
+    with 8 GPUs per job, one task (JAX process) each, the 2048 batch a multiple of them
+    (without ``cluster=gpu`` the jobs get ``cluster=local``'s resources: no GPU); the
+    README gives the same command."""
     command = re.search(
         r"#   (python -m experiments\.distill -m (?:[^\n]*\\\n#)*[^\n]*)",
         (ROOT / "configs/experiment/fdistill_cifar10.yaml").read_text(),
@@ -148,7 +149,9 @@ def test_the_cifar10_fdistill_recipe_asks_the_launcher_for_a_gpu():
     overrides = [w.split(",")[0] for w in words[4:]]  # a sweep's first job
     cfg = _compose(overrides, name="distill")
     assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")
-    assert cfg.hydra.launcher.gpus_per_node == 1 and cfg.cluster.gpus_per_node == 1
+    assert cfg.hydra.launcher.gpus_per_node == 8 and cfg.cluster.gpus_per_node == 8
+    assert cfg.hydra.launcher.tasks_per_node == 8 and cfg.cluster.tasks_per_node == 8
+    assert cfg.trainer.batch_size % 8 == 0
     assert (cfg.trainer.batch_size, cfg.trainer.steps, cfg.distill.r1_weight) == (2048, 60000, 1)
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert " ".join(words[:7]) in readme, " ".join(words[:7])
