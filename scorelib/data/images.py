@@ -10,7 +10,8 @@ Sources:
   ``uint8`` NHWC under documented keys.
 
 The train/test splits of the bundled sets are fixed, seeded and stratified by
-class: :func:`stratified_split`.
+class: :func:`stratified_split`. Grey levels: :func:`quantise` (what saving an image does),
+:func:`level_spacing` and :func:`uniform_dequantise` (noise over each level's bin).
 """
 
 from __future__ import annotations

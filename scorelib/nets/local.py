@@ -136,7 +136,11 @@ class LocalMLP(nnx.Module):
     (:func:`scorelib.nets.edm_precond`), so the network is meant to sit behind the EDM
     preconditioning. Both parts start at 0 (zero-initialised output layers). The two are
     trained on disjoint noise levels: each example's loss reaches only the part that
-    produced its output.
+    produced its output. Both are evaluated for every example (``jnp.where``), so a call
+    costs the sum of the two. The switch makes the denoiser, and the PF-ODE's velocity,
+    jump at ``sigma_local``; the samplers step across it, and so does the adaptive solver of
+    :func:`scorelib.metrics.bits_per_dim` (the digits preset: 30 to 34 accepted steps per
+    test digit at rtol 1e-3).
 
     Args:
       data_shape: ``(H, W, C)``.
