@@ -30,8 +30,15 @@ from omegaconf import DictConfig, OmegaConf
 from experiments import schema
 from scorelib import parallel, training
 from scorelib._checks import check_choice, check_int, check_real
-from scorelib.data import get_batch, load_digits, load_mnist_subset, load_npz, toy_batch
-from scorelib.data.images import ImageDataset
+from scorelib.data import (
+    get_batch,
+    get_dequantised_batch,
+    load_digits,
+    load_mnist_subset,
+    load_npz,
+    toy_batch,
+)
+from scorelib.data.images import ImageDataset, level_spacing
 from scorelib.data.toy import TOY_NAMES
 from scorelib.processes import Process
 from scorelib.samplers import get_sampler, make_grid
@@ -62,6 +69,7 @@ class Data:
     data_shape: tuple[int, ...]
     images: ImageDataset | None  # None for toy streams and targets
     target: Any = None  # a scorelib.data.targets target for name=target
+    dequantise: bool = False  # images: batches dequantised over each grey level's bin
 
     def batch_fn(self, batch_size: int, seed: int, mesh=None):
         """A pure jnp function ``step -> [batch_size, *data_shape]`` usable inside jit
@@ -75,6 +83,9 @@ class Data:
             train = jax.device_put(self.images.train)
         else:
             train = parallel.shard(self.images.train, mesh)
+        if self.dequantise:
+            delta = level_spacing(self.images.levels)
+            return functools.partial(_dequantised_batch, train, delta, batch_size, seed)
         return functools.partial(_image_batch, train, batch_size, seed)
 
     def reference(self, n: int, seed: int = 12345) -> np.ndarray:
@@ -101,6 +112,10 @@ def _image_batch(train, batch_size, seed, step):
     return get_batch(train, batch_size, seed=seed, step=step)
 
 
+def _dequantised_batch(train, delta, batch_size, seed, step):
+    return get_dequantised_batch(train, batch_size, delta, seed=seed, step=step)
+
+
 def build_data(cfg: DictConfig) -> Data:
     """Load the data named by ``cfg.data`` (ValueError/FileNotFoundError on a bad config)."""
     dc = cfg.data
@@ -124,7 +139,8 @@ def build_data(cfg: DictConfig) -> Data:
     else:  # toy
         check_choice(dc.toy, "data.toy", TOY_NAMES)
         return Data(name=f"toy:{dc.toy}", data_shape=(2,), images=None)
-    return Data(name=name, data_shape=ds.data_shape, images=ds)
+    dequantise = bool(dc.get("dequantise", False))  # the schema admits true or false only
+    return Data(name=name, data_shape=ds.data_shape, images=ds, dequantise=dequantise)
 
 
 def _check_own_name(node: DictConfig, group: str) -> None:

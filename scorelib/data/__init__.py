@@ -1,13 +1,15 @@
 """Data: 2-D toy distributions, bundled and user-provided image sets, deterministic batches."""
 
-from scorelib.data.batching import batch_indices, batch_keys, get_batch
+from scorelib.data.batching import batch_indices, batch_keys, get_batch, get_dequantised_batch
 from scorelib.data.images import (
     ImageDataset,
+    level_spacing,
     load_digits,
     load_mnist_subset,
     load_npz,
     mnist_subset_path,
     stratified_split,
+    uniform_dequantise,
 )
 from scorelib.data.targets import (
     EnergyTarget,
@@ -31,6 +33,8 @@ __all__ = [
     "batch_indices",
     "batch_keys",
     "get_batch",
+    "get_dequantised_batch",
+    "level_spacing",
     "load_digits",
     "load_mnist_subset",
     "load_npz",
@@ -40,4 +44,5 @@ __all__ = [
     "toy_batch",
     "toy_from_keys",
     "toy_sample",
+    "uniform_dequantise",
 ]

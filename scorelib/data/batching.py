@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scorelib._checks import check_int, require
+from scorelib._checks import check_int, check_real, require
 from scorelib.keys import example_keys
 
 Array = Any
@@ -94,3 +94,35 @@ def get_batch(data: Array, batch_size: int, *, seed, step, process_index=0) -> A
     if isinstance(data, np.ndarray) and not isinstance(idx, jax.core.Tracer):
         return data[np.asarray(idx)]
     return jnp.take(data, idx, axis=0)
+
+
+def get_dequantised_batch(
+    data: Array, batch_size: int, delta: float, *, seed, step, process_index=0
+) -> Array:
+    """:func:`get_batch` with uniform dequantisation: each value of the batch plus noise
+    ``delta u``, ``u ~ U(-1/2, 1/2)``, over its own quantisation bin
+    (:func:`scorelib.data.images.uniform_dequantise`).
+
+    Example ``j`` draws its noise from ``fold_in(k_j, 1)``, ``k_j`` its key of
+    :func:`batch_keys` (which also draws its row), so the properties of the module docstring
+    hold for the noise too: a pure function of ``(seed, step, process_index)``, split over
+    processes as one global batch, a prefix of any larger batch.
+
+    Args:
+      data: ``[n, *data_shape]`` values on levels ``delta`` apart (e.g. ``ImageDataset.train``).
+      batch_size: local batch size ``B``.
+      delta: the level spacing (> 0, data units; :func:`scorelib.data.images.level_spacing`).
+      seed, step, process_index: as for :func:`get_batch`.
+
+    Returns:
+      ``[B, *data_shape]`` float32 ``jax.Array``.
+
+    Raises:
+      ValueError: as :func:`get_batch`, or for ``delta <= 0``.
+    """
+    from scorelib.data.images import uniform_dequantise
+
+    delta = check_real(delta, "delta", low=0.0, low_open=True, high_open=True)
+    x = get_batch(data, batch_size, seed=seed, step=step, process_index=process_index)
+    keys = batch_keys(batch_size, seed=seed, step=step, process_index=process_index)
+    return uniform_dequantise(x, jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys), delta)

@@ -10,7 +10,8 @@ Sources:
   ``uint8`` NHWC under documented keys.
 
 The train/test splits of the bundled sets are fixed, seeded and stratified by
-class: :func:`stratified_split`.
+class: :func:`stratified_split`. Grey levels: :func:`quantise` (what saving an image does),
+:func:`level_spacing` and :func:`uniform_dequantise` (noise over each level's bin).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import os
 import zipfile
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from scorelib._checks import check_int, check_real
@@ -118,6 +121,39 @@ def quantise(x, levels: int, *, low: float = -1.0, high: float = 1.0) -> np.ndar
     scale = (levels - 1) / (high - low)
     i = np.round((np.clip(x, low, high) - low) * scale).astype(np.float32)
     return i / np.float32(scale) + np.float32(low)
+
+
+def level_spacing(levels: int, low: float = -1.0, high: float = 1.0) -> float:
+    """Spacing ``delta = (high - low) / (levels - 1)`` of ``levels`` evenly spaced values
+    (data units): the width of the dequantisation bin (2/255 for 8-bit data in ``[-1, 1]``,
+    1/8 for the 17-level digits).
+
+    Raises:
+      ValueError: naming ``levels`` or ``high``.
+    """
+    levels = check_int(levels, "levels", low=2)
+    low = check_real(low, "low")
+    high = check_real(high, "high", low=low, low_open=True)
+    return (high - low) / (levels - 1)
+
+
+def uniform_dequantise(x, keys, delta: float):
+    """``x + delta u``, ``u ~ U(-1/2, 1/2)^d`` drawn from each example's own key: uniform
+    noise over each value's quantisation bin (Theis et al. 2016, Sec. 3.1).
+
+    Traceable (usable inside ``jax.jit``); it does not check that ``x`` lies on the levels
+    (:func:`scorelib.metrics.dequantise` does, for data from outside).
+
+    Args:
+      x: ``[batch, *data_shape]`` values on levels ``delta`` apart (data units).
+      keys: ``[batch]`` PRNG keys, one per example.
+      delta: the level spacing (:func:`level_spacing`).
+
+    Returns:
+      ``[batch, *data_shape]`` float32.
+    """
+    u = jax.vmap(lambda k: jax.random.uniform(k, x.shape[1:], jnp.float32, -0.5, 0.5))(keys)
+    return jnp.asarray(x, jnp.float32) + u * jnp.float32(delta)
 
 
 def _split_dataset(name, images, labels, test_fraction, seed, levels) -> ImageDataset:

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from scorelib._checks import check_choice, check_int, check_real
-from scorelib.data.images import quantise
+from scorelib.data.images import level_spacing, quantise, uniform_dequantise
 from scorelib.keys import example_keys
 from scorelib.processes.base import Process
 
@@ -202,27 +202,14 @@ def _solve(source, x, keys, divergence, probes, noise, rtol, atol, max_steps, pr
     return prior_term + delta, {"num_steps": steps, "prior_logp": prior_term}
 
 
-def level_spacing(levels: int, low: float = -1.0, high: float = 1.0) -> float:
-    """Spacing ``delta = (high - low) / (levels - 1)`` of ``levels`` evenly spaced values
-    (data units): the width of the dequantisation bin (2/255 for 8-bit data in ``[-1, 1]``,
-    1/8 for the 17-level digits).
-
-    Raises:
-      ValueError: naming ``levels`` or ``high``.
-    """
-    levels = check_int(levels, "levels", low=2)
-    low = check_real(low, "low")
-    high = check_real(high, "high", low=low, low_open=True)
-    return (high - low) / (levels - 1)
-
-
 def dequantise(
     x, key: jax.Array, *, levels: int, low: float = -1.0, high: float = 1.0, first_index: int = 0
 ):
     """Uniform dequantisation: ``x + u delta``, ``u ~ U(-1/2, 1/2)^d`` per example.
 
     Every value of ``x`` must be one of the ``levels`` values of :func:`quantise`; each gets
-    uniform noise over its own bin ``[x - delta/2, x + delta/2]`` (:func:`level_spacing`).
+    uniform noise over its own bin ``[x - delta/2, x + delta/2]``
+    (:func:`scorelib.data.images.level_spacing`, :func:`scorelib.data.images.uniform_dequantise`).
     Example ``b`` draws from ``fold_in(key, first_index + b)``
     (:func:`scorelib.keys.example_keys`): its noise does not depend on the batch it is in.
 
@@ -237,7 +224,8 @@ def dequantise(
 
     Raises:
       ValueError: naming ``x`` when a value is not on the levels (continuous data, or data
-        in another range: say which ``low``/``high``), or as :func:`level_spacing`.
+        in another range: say which ``low``/``high``), or as
+        :func:`scorelib.data.images.level_spacing`.
 
     Reference: Theis et al. 2016, Sec. 3.1.
     """
@@ -254,9 +242,7 @@ def dequantise(
             f"do not (e.g. {float(x[off][0])!r}): quantise samples first, or give the data's "
             "own levels, low and high"
         )
-    keys = example_keys(key, x.shape[0], first_index)
-    u = jax.vmap(lambda k: jax.random.uniform(k, x.shape[1:], jnp.float32, -0.5, 0.5))(keys)
-    return jnp.asarray(on) + u * jnp.float32(delta)
+    return uniform_dequantise(on, example_keys(key, x.shape[0], first_index), delta)
 
 
 def bits_per_dim(

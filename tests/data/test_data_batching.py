@@ -5,7 +5,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from scorelib.data import batch_indices, batch_keys, get_batch
+from scorelib.data import (
+    batch_indices,
+    batch_keys,
+    get_batch,
+    get_dequantised_batch,
+    level_spacing,
+)
 
 
 @pytest.fixture
@@ -65,3 +71,32 @@ def test_batch_keys_are_the_documented_fold_ins():
             )
     with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
         batch_keys(0, seed=0, step=0)
+
+
+def test_dequantised_batch_is_the_batch_plus_uniform_noise_over_each_bin():
+    """Each value of the dequantised batch lies in its own level's bin around the plain
+    batch's value; the noise is U(-delta/2, delta/2) (mean 0 and variance delta^2 / 12
+    within 5 standard errors, every value inside the bin); the
+    contract of get_batch holds (same call, jit, processes, prefix), and two examples that
+    draw the same row get different noise."""
+    levels = 17
+    delta = level_spacing(levels)
+    rows = np.random.default_rng(0).integers(0, levels, size=(6, 4, 4, 1))
+    data = (rows / 8.0 - 1.0).astype(np.float32)  # the digits' levels
+    b = np.asarray(get_dequantised_batch(data, 256, delta, seed=2, step=5))
+    plain = get_batch(data, 256, seed=2, step=5)
+    u = (b - plain) / delta
+    assert np.all(np.abs(u) <= 0.5 + 1e-5)  # float32 rounding of x + u delta - x
+    assert abs(u.mean()) < 5 * np.sqrt(1 / 12 / u.size)
+    assert abs(u.var() - 1 / 12) < 5 * np.sqrt(1 / 180 / u.size)  # Var(u^2) = 1/80 - 1/144
+    np.testing.assert_array_equal(get_dequantised_batch(data, 256, delta, seed=2, step=5), b)
+    fn = jax.jit(
+        lambda d, s, p: get_dequantised_batch(d, 8, delta, seed=2, step=s, process_index=p)
+    )
+    parts = [np.asarray(fn(jnp.asarray(data), 5, p)) for p in (0, 1)]
+    np.testing.assert_allclose(np.concatenate(parts), b[:16], rtol=0, atol=1e-6)
+    idx = np.asarray(batch_indices(len(data), 256, seed=2, step=5))
+    i, j = np.flatnonzero(idx == idx[0])[:2]  # 256 draws of 6 rows: a repeated row
+    assert not np.allclose(b[i], b[j])
+    with pytest.raises(ValueError, match="delta"):
+        get_dequantised_batch(data, 4, 0.0, seed=0, step=0)

@@ -261,3 +261,28 @@ def test_a_non_finite_loss_stops_the_distillation_with_its_step(tmp_path):
     r = run_inprocess("distill", *SMOKE, "optim.lr=1e30", "trainer.steps=4", f"hydra.run.dir={out}")
     assert r.code == 2, (r.stdout, r.stderr)
     assert "error: non-finite loss at step 1" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    "target, ok",
+    [
+        ("scorelib.nets.MLP", True),
+        ("scorelib.nets.LocalMLP", True),
+        ("scorelib.nets.UNet", True),
+        ("scorelib.nets.embeddings.FourierEmbedding", False),  # a module without features
+        ("nope.Net", False),
+    ],
+)
+def test_a_teacher_run_needs_a_network_with_features(target, ok):
+    """The discriminator heads read the teacher network's ``features``: a run whose model
+    class has none is refused before anything is built, naming the class."""
+    from omegaconf import OmegaConf
+
+    from experiments.distill import check_teacher_run
+
+    cfg = OmegaConf.create({"data": {"name": "digits"}, "model": {"_target_": target}})
+    if ok:
+        check_teacher_run(cfg, (8, 8, 1), [8, 8, 1], "teacher.run_dir=r")
+    else:
+        with pytest.raises(ValueError, match=f"teacher.run_dir=r: its model \\({target}\\)"):
+            check_teacher_run(cfg, (8, 8, 1), [8, 8, 1], "teacher.run_dir=r")

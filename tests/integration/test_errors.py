@@ -31,7 +31,8 @@ BAD_COMMANDS = [
     (T, ["sampler.steps=[1,"], "sampler.steps=[1,"),
     (T, ["experiment=nope"], "digits_edm"),  # the presets are listed
     (T, ["sampler=nope"], "sampler must be one of"),
-    (T, ["model.channels=3"], "model.channels is not a field of model=mlp"),
+    (T, ["model=mlp", "model.channels=3"], "model.channels is not a field of model=mlp"),
+    (T, ["model.channels=3"], "model.channels is not a field of model=local_mlp"),
     (T, ["experiment=toy_dsm", "model=unet"], "model.width is not a field of model=unet"),
     (T, ["data=digits", "data.toy=moons"], "data.toy is not a field of data=digits"),
     (T, ["trainer.ema_decay=high"], "trainer.ema_decay must be a number or null; got 'high'"),
@@ -46,9 +47,11 @@ BAD_COMMANDS = [
     (T, ["sampler.grid=log_snr", "sampler.rho=3"], "sampler.rho is not an option of grid log_snr"),
     (
         T,
-        ["sampler=euler_maruyama", "sampler.sigma_max=10"],
+        ["sampler=euler_maruyama", "sampler.sigma_min=null", "sampler.sigma_max=10"],
         "sampler.sigma_max is not an option of grid uniform_t",
     ),
+    # the digits preset's sigma_min (0.1) on a sampler whose grid has none
+    (T, ["sampler=euler_maruyama"], "sampler.sigma_min is not an option of grid uniform_t"),
     (T, ["+sampler.foo=1"], "sampler.foo is not an option of sampler=heun"),
     (T, ["sampler.name=pc"], "sampler.name cannot change sampler=heun"),
     (T, ["sampler=run"], "sampler=run"),
@@ -57,8 +60,17 @@ BAD_COMMANDS = [
         ["experiment=tsm_gmm", "objective.kappa=tsm", "objective.sigma_switch=0.1"],
         "objective.sigma_switch is used only with objective.kappa=switch",
     ),
-    (T, ["+model.foo=1"], "model.foo is not an argument of scorelib.nets.MLP"),
-    (T, ["model._target_=mypackage.Net"], "model._target_: model=mlp builds scorelib.nets.MLP"),
+    (T, ["model=mlp", "+model.foo=1"], "model.foo is not an argument of scorelib.nets.MLP"),
+    (
+        T,
+        ["model=mlp", "model._target_=mypackage.Net"],
+        "model._target_: model=mlp builds scorelib.nets.MLP",
+    ),
+    (
+        T,
+        ["model._target_=mypackage.Net"],
+        "model._target_: model=local_mlp builds scorelib.nets.LocalMLP",
+    ),
     (T, ["model=custom"], "model._target_ must name your class"),
     (T, ["model=custom", "model._target_=nope.Net"], "model._target_ must be an importable"),
     (
@@ -79,6 +91,9 @@ BAD_COMMANDS = [
     (T, ["experiment=toy_dsm", "objective=smoothed"], "objective.train"),
     # values out of range (before anything is compiled)
     (T, ["sampler.steps=0"], "sampler.steps"),
+    (T, ["model.sigma_local=0"], "model.sigma_local must be a number in (0.0, inf)"),
+    (T, ["model.radius=-1"], "model.radius must be an integer >= 0"),
+    (T, ["experiment=toy_dsm", "model=local_mlp"], "a local network needs image data"),
     (T, ["process.sigma_min=-1"], "process.sigma_min"),
     (T, ["process.sigma_min=100"], "process.sigma_max"),
     (T, ["experiment=toy_dsm", "process.beta_min=-1"], "process.beta_min"),
