@@ -332,13 +332,16 @@ def build_sampler(cfg: DictConfig, process) -> Sampling:
     steps = check_int(sc.steps, "sampler.steps", low=1)
     grid_name = check_choice(sc.grid, "sampler.grid", GRIDS)
     grid_opts = {k: sc[k] for k in schema.GRID_FIELDS if sc.get(k) is not None}
-    for key in grid_opts:
-        if key not in schema.GRID_OPTIONS[grid_name]:
-            raise ValueError(
-                f"sampler.{key} is not an option of grid {grid_name} (sampler.grid="
-                f"{grid_name} takes {list(schema.GRID_OPTIONS[grid_name])}); remove it or "
-                f"set it to null"
-            )
+    unused = sorted(k for k in grid_opts if k not in schema.GRID_OPTIONS[grid_name])
+    if unused:
+        names = ", ".join(f"sampler.{k}" for k in unused)
+        one = len(unused) == 1
+        raise ValueError(
+            f"{names} {'is not an option' if one else 'are not options'} of grid "
+            f"{grid_name} (sampler.grid={grid_name} takes "
+            f"{list(schema.GRID_OPTIONS[grid_name])}); remove {'it' if one else 'them'} "
+            f"or set {'it' if one else 'them'} to null"
+        )
     num_samples = check_int(sc.num_samples, "sampler.num_samples", low=1)
     check_int(sc.batch_size, "sampler.batch_size", low=1)
     seed = check_int(sc.seed, "sampler.seed", low=0)

@@ -44,7 +44,11 @@ BAD_COMMANDS = [
         ["experiment=toy_dsm", "sampler=dpmpp_2m", "sampler.S_churn=40"],
         "sampler.S_churn is not an option of sampler=dpmpp_2m",
     ),
-    (T, ["sampler.grid=log_snr", "sampler.rho=3"], "sampler.rho is not an option of grid log_snr"),
+    (
+        T,
+        ["sampler.grid=log_snr", "sampler.rho=3", "sampler.sigma_min=0.05"],
+        "sampler.rho, sampler.sigma_min are not options of grid log_snr",
+    ),
     (
         T,
         ["sampler=euler_maruyama", "sampler.sigma_min=null", "sampler.sigma_max=10"],
