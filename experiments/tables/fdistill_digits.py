@@ -95,7 +95,8 @@ def teacher_run(tc, run_dir: Path, log) -> Path:
 
 def teacher_samples(teacher_dir: Path, tc, seed: int, log) -> tuple[dict, Any, dict]:
     """``({row: samples}, run, {nfe: sigma_min})`` of the teacher: Heun at 35 NFE on the
-    EDM grid, and DPM-Solver++(2M) at each few-step NFE on the EDM grid whose lowest
+    EDM grid down to the teacher run's own ``sampler.sigma_min`` (0.002 when its sampler
+    has none), and DPM-Solver++(2M) at each few-step NFE on the EDM grid whose lowest
     positive level (before the final step to 0) is the one of ``table.few_step_sigma_min``
     with the lowest FD against the test digits.
 
@@ -128,9 +129,16 @@ def teacher_samples(teacher_dir: Path, tc, seed: int, log) -> tuple[dict, Any, d
             batch_size=int(tc.batch_size),
         )
 
-    x, info = draw("heun", int(tc.teacher_heun_steps), 0.002)
-    rows = {("teacher, Heun", int(info["nfe"]), True): x}
-    log(f"[teacher] Heun NFE {info['nfe']}")
+    # the teacher run's own lowest level when it samples on the EDM grid (the digits preset
+    # ends at sigma 0.1), else EDM's 0.002
+    own = run.cfg.sampler
+    heun_min = 0.002
+    if own.get("grid") == "edm" and own.get("sigma_min") is not None:
+        heun_min = float(own.sigma_min)
+    x, info = draw("heun", int(tc.teacher_heun_steps), heun_min)
+    label = "teacher, Heun" + (f", sigma_min {heun_min:g}" if heun_min != 0.002 else "")
+    rows = {(label, int(info["nfe"]), True): x}
+    log(f"[teacher] Heun NFE {info['nfe']} sigma_min {heun_min:g}")
     chosen = {}
     for n in tc.few_step_nfe:
         best = None
