@@ -153,7 +153,9 @@ def train(
     Args:
       state: the initial state (its structure is the restore target; its buffers
         may be donated).
-      step_fn: ``state -> (state, metrics)``, e.g. from :func:`make_train_step`.
+      step_fn: ``state -> (state, metrics)``, e.g. from :func:`make_train_step`; one
+        with ``takes_step = True`` (``scorelib.distill.DistillStep``) is called as
+        ``step_fn(state, i)`` with the host's copy ``i`` of ``state.step``.
       num_steps: total number of steps of the run (not the number left).
       ckpt: a :class:`Checkpointer`; its newest readable checkpoint is restored first
         (see :meth:`Checkpointer.restore_latest`), one is saved every
@@ -229,7 +231,10 @@ def train(
     try:
         with _StopSignals(handle_signals, stop_signals) as signals:
             for i in range(start, num_steps):
-                state, metrics = step_fn(state)
+                if getattr(step_fn, "takes_step", False):  # e.g. scorelib.distill.DistillStep
+                    state, metrics = step_fn(state, i)
+                else:
+                    state, metrics = step_fn(state)
                 pending.append(metrics)
                 s = i + 1
                 last = s == num_steps

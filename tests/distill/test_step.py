@@ -128,6 +128,17 @@ def test_student_and_critic_steps_move_their_own_parts_and_nan_stops():
     fresh = distill.init_distill_state(params, opts, cfg, seed=0)
     with pytest.raises(FloatingPointError, match="non-finite loss at step 3"):
         training.train(fresh, step, num_steps=4, log_every=2, progress=False, handle_signals=False)
+    # the branch the host's step number selects (how the loop calls it) is the lax.cond
+    # step, up to the order of float32 reductions (another compilation)
+    state = distill.init_distill_state(params, opts, cfg, seed=0)
+    for i in range(4):
+        state, m = step(state, i)
+        np.testing.assert_allclose(host(m)["loss"], metrics[i]["loss"], rtol=1e-5)
+        jax.tree.map(
+            lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+            host(state),
+            history[i + 1],
+        )
 
 
 def test_a_teacher_restored_on_its_device_compiles_the_step_once():
@@ -160,10 +171,14 @@ def test_a_teacher_restored_on_its_device_compiles_the_step_once():
         8,
         (2,),
     )
-    for _ in range(3):  # a student step, a critic step, a student step
-        state, m = step(state)
+    for i in range(3):  # a student step, a critic step, a student step: one branch each
+        state, m = step(state, i)
         assert float(m["loss_r1"]) == 0.0
-    assert step._cache_size() == 1
+        assert float(m["student_step"]) == (i % 2 == 0)
+    assert step.student._cache_size() == 1 and step.critic._cache_size() == 1
+    for _ in range(3):  # the lax.cond version (no host step), one executable
+        state, m = step(state)
+    assert step.cond._cache_size() == 1
 
 
 @pytest.mark.parametrize(

@@ -48,10 +48,10 @@ SCRIPT = textwrap.dedent(
             teacher, distill.Networks(gd, gdd, None, 1.0), cfg, opts,
             EMA(batch_size=16, decay=0.9), batch, 16, (2,),
             batch_sharding=parallel.batch_sharding(mesh) if sharded else None)
-        hlo = step.lower(state).compile().as_text()
+        hlo = step.critic.lower(state).compile().as_text()  # the loop runs the branches
         out = []
-        for _ in range(4):
-            state, m = step(state)
+        for i in range(4):
+            state, m = step(state, i)
             out.append({k: float(v) for k, v in jax.device_get(m).items()})
         return out, parallel.to_host(state), hlo, state
 
