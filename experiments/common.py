@@ -8,6 +8,7 @@ with the saved step when the training loop saved one.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import importlib.metadata
@@ -146,8 +147,6 @@ def config_error_line(e: BaseException) -> str:
         ValidationError,
     )
 
-    from experiments.schema import SamplerConfig, describe_schema
-
     if isinstance(e, MissingConfigException):
         group, _, option = str(e.missing_cfg_file or "").rpartition("/")
         options = [o for o in (e.options or []) if not o.startswith("_")]
@@ -168,19 +167,8 @@ def config_error_line(e: BaseException) -> str:
     message = str(getattr(cause, "msg", cause)).split("\n")[0]
     typ = getattr(cause, "object_type", None)
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and " not in " in message:
-        field = str(key).rpartition(".")[2]
-        fields = list(getattr(typ, "__dataclass_fields__", {}))
-        where = describe_schema(typ) if isinstance(typ, type) else None
-        if fields:
-            hint = difflib.get_close_matches(field, fields, n=1)
-            hint = f"; did you mean {hint[0]}?" if hint else ""
-            if isinstance(typ, type) and issubclass(typ, SamplerConfig):
-                common = SamplerConfig.__dataclass_fields__
-                own = ", ".join(f for f in fields if f not in common) or "none"
-                return f"{key} is not an option of {where} (its options: {own}){hint}"
-            what = "a config field or group" if "." not in str(key) else "a field"
-            listed = ", ".join(fields)
-            return f"{key} is not {what} of {where or 'this config'} (its fields: {listed}){hint}"
+        if getattr(typ, "__dataclass_fields__", None):
+            return unknown_field_line(str(key), typ)
         return f"{key} is not a field of this config; a new argument is written +{key}=<value>"
     if isinstance(cause, ValidationError) and typ is not None and dataclass_field(typ, key):
         allowed = _type_name(dataclass_field(typ, key))
@@ -189,6 +177,57 @@ def config_error_line(e: BaseException) -> str:
         missing = message.rsplit(":", 1)[-1].strip() if "Missing mandatory" in message else key
         return f"{missing} is required: give {missing}=<value> on the command line"
     return f"{key}: {message}"
+
+
+def unknown_field_line(key: str, typ: type) -> str:
+    """``<key> is not a field of <group=option> (its fields: ...); did you mean <f>?`` for
+    a key that the dataclass schema ``typ`` of its node does not have."""
+    from experiments.schema import SamplerConfig, describe_schema
+
+    field = key.rpartition(".")[2]
+    fields = list(typ.__dataclass_fields__)
+    where = describe_schema(typ) if isinstance(typ, type) else None
+    hint = difflib.get_close_matches(field, fields, n=1)
+    hint = f"; did you mean {hint[0]}?" if hint else ""
+    if isinstance(typ, type) and issubclass(typ, SamplerConfig):
+        common = SamplerConfig.__dataclass_fields__
+        own = ", ".join(f for f in fields if f not in common) or "none"
+        return (
+            f"{key} is not an option of {where} (its options: {own}; every sampler's: "
+            f"{', '.join(common)}){hint}"
+        )
+    what = "a config field or group" if "." not in key else "a field"
+    listed = ", ".join(f for f in fields if not f.startswith("_"))
+    return f"{key} is not {what} of {where or 'this config'} (its fields: {listed}){hint}"
+
+
+def check_added_fields(cfg) -> None:
+    """Refuse a field that the schema of its node does not have.
+
+    Hydra's ``+key=value`` adds a key even to a node backed by a dataclass schema
+    (``experiments.schema``), so ``+trainer.stpes=5`` would otherwise be carried along and
+    ignored.
+
+    Raises:
+      ValueError: ``trainer.stpes is not a field of trainer (its fields: ...); did you
+        mean steps?``.
+    """
+    from omegaconf import DictConfig, OmegaConf
+
+    def walk(node, path):
+        typ = OmegaConf.get_type(node)
+        names = list(node.keys())
+        if dataclasses.is_dataclass(typ):
+            fields = {f.name for f in dataclasses.fields(typ)}
+            for k in names:
+                if k not in fields:
+                    raise ValueError(unknown_field_line(f"{path}{k}", typ))
+        for k in names:
+            child = node._get_node(k)
+            if isinstance(child, DictConfig) and not child._is_none():
+                walk(child, f"{path}{k}.")
+
+    walk(cfg, "")
 
 
 def dataclass_field(typ, full_key) -> Any:
@@ -345,6 +384,7 @@ def clean_errors(fn):
     @functools.wraps(fn)
     def wrapper(cfg, *args, **kwargs):
         try:
+            check_added_fields(cfg)
             return fn(cfg, *args, **kwargs)
         except (
             ValueError,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +111,12 @@ def distill_config(cfg: DictConfig, process) -> distill.DistillConfig:
     given = _fields(cfg.distill)
     known = {f.name for f in dataclasses.fields(distill.DistillConfig)} | set(NETWORK_FIELDS)
     for key in given:
-        require(key in known, f"distill.{key}", f"one of {sorted(known)}", key)
+        if key not in known:
+            hint = difflib.get_close_matches(key, known, n=1)
+            raise ValueError(
+                f"distill.{key} is not a field of distill (its fields: "
+                f"{', '.join(sorted(known))})" + (f"; did you mean {hint[0]}?" if hint else "")
+            )
     kw = {k: v for k, v in given.items() if k not in NETWORK_FIELDS and v is not None}
     kw.setdefault("sigma_min", float(process.ve_sigma(process.t_min)))
     kw.setdefault("sigma_max", float(process.ve_sigma(process.t_max)))

@@ -125,7 +125,7 @@ def test_distill_from_a_trained_run(toy_run, tmp_path):
         ("distill.divergence=tv", "error: distill.divergence must be one of"),
         ("distill.student_every=0", "error: distill.student_every must be an integer"),
         ("distill.gan_weight=-0.1", "error: distill.gan_weight must be a number in [0.0"),
-        ("+distill.foo=1", "error: distill.foo must be one of"),
+        ("+distill.foo=1", "error: distill.foo is not a field of distill"),
         ("teacher.run_dir=/nonexistent", "error: teacher.run_dir=/nonexistent: no config.yaml"),
         ("sampler.num_samples=0", "error: sampler.num_samples must be"),
     ],

@@ -39,6 +39,11 @@ BAD_COMMANDS = [
     (S, [], "run_dir is required"),
     (E, [], "run_dir is required"),
     # no silent options: sampler, grid, objective and model options that do not apply
+    # a field added with + that its node's schema does not have (Hydra force-adds it)
+    (T, ["+trainer.stpes=5"], "trainer.stpes is not a field of trainer"),
+    (T, ["+optim.lrr=1"], "optim.lrr is not a field of optim"),
+    (T, ["+data.dequantize=true"], "did you mean dequantise?"),
+    (T, ["+sampler.stepz=10"], "did you mean steps?"),
     (
         T,
         ["experiment=toy_dsm", "sampler=dpmpp_2m", "sampler.S_churn=40"],
@@ -64,7 +69,7 @@ BAD_COMMANDS = [
         ["experiment=tsm_gmm", "objective.kappa=tsm", "objective.sigma_switch=0.1"],
         "objective.sigma_switch is used only with objective.kappa=switch",
     ),
-    (T, ["model=mlp", "+model.foo=1"], "model.foo is not an argument of scorelib.nets.MLP"),
+    (T, ["model=mlp", "+model.foo=1"], "model.foo is not a field of model=mlp"),
     (
         T,
         ["model=mlp", "model._target_=mypackage.Net"],
