@@ -184,21 +184,30 @@ def unknown_field_line(key: str, typ: type) -> str:
     a key that the dataclass schema ``typ`` of its node does not have."""
     from experiments.schema import SamplerConfig, describe_schema
 
-    field = key.rpartition(".")[2]
     fields = list(typ.__dataclass_fields__)
     where = describe_schema(typ) if isinstance(typ, type) else None
-    hint = difflib.get_close_matches(field, fields, n=1)
-    hint = f"; did you mean {hint[0]}?" if hint else ""
     if isinstance(typ, type) and issubclass(typ, SamplerConfig):
         common = SamplerConfig.__dataclass_fields__
         own = ", ".join(f for f in fields if f not in common) or "none"
         return (
             f"{key} is not an option of {where} (its options: {own}; every sampler's: "
-            f"{', '.join(common)}){hint}"
+            f"{', '.join(common)}){did_you_mean(key, fields)}"
         )
+    return unknown_key_line(key, fields, where or "this config")
+
+
+def did_you_mean(key: str, fields) -> str:
+    """``'; did you mean <f>?'`` for the field of ``fields`` closest to ``key``'s last
+    part, or ``''``."""
+    hint = difflib.get_close_matches(key.rpartition(".")[2], list(fields), n=1)
+    return f"; did you mean {hint[0]}?" if hint else ""
+
+
+def unknown_key_line(key: str, fields, where: str) -> str:
+    """``<key> is not a field of <where> (its fields: ...); did you mean <f>?``."""
     what = "a config field or group" if "." not in key else "a field"
     listed = ", ".join(f for f in fields if not f.startswith("_"))
-    return f"{key} is not {what} of {where or 'this config'} (its fields: {listed}){hint}"
+    return f"{key} is not {what} of {where} (its fields: {listed}){did_you_mean(key, fields)}"
 
 
 def check_added_fields(cfg) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments import build, schema
 from experiments.cluster_run import start_devices, train_loop
-from experiments.common import clean_errors, hydra_app, write_run_info
+from experiments.common import clean_errors, hydra_app, unknown_key_line, write_run_info
 from experiments.outputs import save_samples, saved_steps
 from scorelib import distill, parallel, training
 from scorelib._checks import check_int, require
@@ -112,11 +111,7 @@ def distill_config(cfg: DictConfig, process) -> distill.DistillConfig:
     known = {f.name for f in dataclasses.fields(distill.DistillConfig)} | set(NETWORK_FIELDS)
     for key in given:
         if key not in known:
-            hint = difflib.get_close_matches(key, known, n=1)
-            raise ValueError(
-                f"distill.{key} is not a field of distill (its fields: "
-                f"{', '.join(sorted(known))})" + (f"; did you mean {hint[0]}?" if hint else "")
-            )
+            raise ValueError(unknown_key_line(f"distill.{key}", sorted(known), "distill"))
     kw = {k: v for k, v in given.items() if k not in NETWORK_FIELDS and v is not None}
     kw.setdefault("sigma_min", float(process.ve_sigma(process.t_min)))
     kw.setdefault("sigma_max", float(process.ve_sigma(process.t_max)))
