@@ -20,7 +20,7 @@ import time
 import jax
 from hydra import compose, initialize_config_dir
 
-from experiments.distill import setup_distill
+from experiments.runs import DistillRun
 
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs")
 
@@ -52,7 +52,7 @@ def main():
             over = ["experiment=fdistill_digits", f"teacher.run_dir={run}", *a.override]
             times = []
             for host_step in (False, True):
-                r = setup_distill(compose("distill", overrides=over))  # a fresh state each
+                r = DistillRun.build(compose("distill", overrides=over))  # a fresh state each
                 times.append(ms_per_step(r.step_fn, r.state, a.steps, host_step))
             print(f"| {run} | {times[0]:.1f} | {times[1]:.1f} | {times[0] / times[1]:.1f}x |")
 

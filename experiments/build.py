@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -37,6 +36,7 @@ from scorelib.data import (
     load_mnist_subset,
     load_npz,
     toy_batch,
+    toy_sample,
 )
 from scorelib.data.images import ImageDataset, level_spacing
 from scorelib.data.toy import TOY_NAMES
@@ -94,8 +94,6 @@ class Data:
             key = jax.random.key(seed)
             return np.asarray(self.target.sample(key, n, needed_by="reference samples"))
         if self.images is None:
-            from scorelib.data import toy_sample
-
             return toy_sample(self.name.split(":", 1)[1], n, seed)
         return self.images.test
 
@@ -365,34 +363,6 @@ def to_container(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
 
 
-# --------------------------------------------------------------------------- the run
-
-
-@dataclasses.dataclass
-class Run:
-    """Everything a training run is made of, built and validated from its config."""
-
-    cfg: DictConfig
-    process: object
-    data: Data
-    graphdef: object
-    state: training.TrainState
-    step_fn: object
-    sampling: Sampling
-    optimizer: object
-
-    def source(self, params):
-        """The score source of the network with ``params`` (e.g. the EMA parameters)."""
-        return training.network_source(self.process, self.graphdef, self.cfg.data.sigma_data)(
-            params, None
-        )
-
-
-def model_fingerprint(cfg: DictConfig, data_shape) -> dict:
-    """What must match between a checkpoint and the model it is restored into."""
-    return {"model": to_container(cfg.model), "data_shape": list(data_shape)}
-
-
 def make_ema(tc: DictConfig) -> training.EMA:
     return training.EMA(
         batch_size=tc.batch_size,
@@ -416,64 +386,3 @@ def check_trainer(tc: DictConfig) -> None:
         check_real(tc.ema_halflife_nimg, "trainer.ema_halflife_nimg", low=0.0, low_open=True)
     if tc.get("ema_rampup_ratio") is not None:
         check_real(tc.ema_rampup_ratio, "trainer.ema_rampup_ratio", low=0.0, low_open=True)
-
-
-def setup(cfg: DictConfig, mesh=None) -> Run:
-    """Build every object of the run; every config error surfaces here, before compiling.
-
-    With a ``mesh`` (``scorelib.parallel.make_mesh``) the train step is data-parallel:
-    ``trainer.batch_size`` is the global batch (a multiple of the device count), split
-    along the mesh's ``data`` axis; the state is replicated on every device.
-    """
-    tc = cfg.trainer
-    check_trainer(tc)
-    if mesh is not None:
-        parallel.check_batch_size(tc.batch_size, mesh)
-    check_real(cfg.data.sigma_data, "data.sigma_data", low=0.0, low_open=True, high_open=True)
-    process = build_process(cfg)
-    data = build_data(cfg)
-    objective = build_objective(cfg, process, data)
-    sampling = build_sampler(cfg, process)
-    model = build_model(cfg, data.data_shape, tc.seed)
-    optimizer = training.make_optimizer(
-        cfg.optim.lr,
-        cfg.optim.warmup_steps,
-        cfg.optim.grad_clip,
-        cfg.optim.b1,
-        cfg.optim.b2,
-        cfg.optim.eps,
-    )
-    ema = make_ema(tc)
-    graphdef, state = training.init_state(model, optimizer, tc.seed)
-    if mesh is not None:
-        state = parallel.shard(state, mesh)
-    dropout = float(cfg.model.get("dropout") or 0.0) > 0
-    make_source = training.network_source(process, graphdef, cfg.data.sigma_data, dropout=dropout)
-    step_fn = training.make_train_step(
-        objective,
-        make_source,
-        optimizer,
-        ema,
-        data.batch_fn(tc.batch_size, tc.seed, mesh),
-        lr_schedule=training.warmup_schedule(cfg.optim.lr, cfg.optim.warmup_steps),
-        batch_sharding=None if mesh is None else parallel.batch_sharding(mesh),
-    )
-    run = Run(cfg, process, data, graphdef, state, step_fn, sampling, optimizer)
-    check_sampler(sampling, run.source(state.params), data.data_shape)
-    return run
-
-
-def check_sampler(sampling: Sampling, source, data_shape) -> None:
-    """Run the sampler's argument checks (and trace it once, without compiling or computing)."""
-    jax.eval_shape(lambda: sampling(source, jax.random.key(0), (1, *data_shape))[0])
-
-
-def checkpointer(run: Run, run_dir: Path) -> training.Checkpointer:
-    tc = run.cfg.trainer
-    return training.Checkpointer(
-        run_dir / "checkpoints",
-        save_every=tc.ckpt_every,
-        keep_last=tc.keep_last,
-        keep_every=tc.keep_every,
-        config=model_fingerprint(run.cfg, run.data.data_shape),
-    )

@@ -24,8 +24,27 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
+import hydra
+import jax
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import (
+    HydraException,
+    InstantiationException,
+    MissingConfigException,
+    OverrideParseException,
+)
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+    ValidationError,
+)
 
+from experiments.schema import SamplerConfig, describe_schema
+from scorelib import training
 from scorelib._io import atomic_write_text
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -85,8 +104,6 @@ def write_run_info(run_dir: Path, cfg: DictConfig, *, seed: int, extra: dict | N
     Written atomically; rewritten on every launch of the run, with the launch appended to
     ``launches`` so resumed runs keep their history.
     """
-    import jax
-
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     info_path = run_dir / "run_info.json"
@@ -138,15 +155,6 @@ def _type_name(typ) -> str:
 def config_error_line(e: BaseException) -> str:
     """One line for an OmegaConf or Hydra error, naming the config field (and, for an
     unknown field or group option, what is allowed)."""
-    from hydra.errors import MissingConfigException, OverrideParseException
-    from omegaconf.errors import (
-        ConfigAttributeError,
-        ConfigKeyError,
-        MissingMandatoryValue,
-        OmegaConfBaseException,
-        ValidationError,
-    )
-
     if isinstance(e, MissingConfigException):
         group, _, option = str(e.missing_cfg_file or "").rpartition("/")
         options = [o for o in (e.options or []) if not o.startswith("_")]
@@ -182,8 +190,6 @@ def config_error_line(e: BaseException) -> str:
 def unknown_field_line(key: str, typ: type) -> str:
     """``<key> is not a field of <group=option> (its fields: ...); did you mean <f>?`` for
     a key that the dataclass schema ``typ`` of its node does not have."""
-    from experiments.schema import SamplerConfig, describe_schema
-
     fields = list(typ.__dataclass_fields__)
     where = describe_schema(typ) if isinstance(typ, type) else None
     if isinstance(typ, type) and issubclass(typ, SamplerConfig):
@@ -221,7 +227,6 @@ def check_added_fields(cfg) -> None:
       ValueError: ``trainer.stpes is not a field of trainer (its fields: ...); did you
         mean steps?``.
     """
-    from omegaconf import DictConfig, OmegaConf
 
     def walk(node, path):
         typ = OmegaConf.get_type(node)
@@ -248,9 +253,6 @@ def dataclass_field(typ, full_key) -> Any:
 
 
 def _unparsable_overrides() -> list[str]:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException, OverrideParseException
-
     parser, bad = OverridesParser.create(), []
     for arg in sys.argv[1:]:
         if arg.startswith("-"):
@@ -272,7 +274,6 @@ def hydra_app(config_name: str):
     one line and exits 130; a training run stopped by a signal after saving prints the
     saved step. ``SCORELIB_TRACEBACK=1`` (or ``HYDRA_FULL_ERROR=1``) shows tracebacks.
     """
-    import hydra
 
     def deco(task):
         hydra_main = hydra.main(
@@ -281,11 +282,6 @@ def hydra_app(config_name: str):
 
         @functools.wraps(task)
         def main() -> None:
-            from hydra.errors import HydraException
-            from omegaconf.errors import OmegaConfBaseException
-
-            from scorelib import training
-
             traceback = bool(os.environ.get("SCORELIB_TRACEBACK"))
             traceback = traceback or bool(os.environ.get("HYDRA_FULL_ERROR"))
             saved = os.environ.get("HYDRA_FULL_ERROR")
@@ -362,8 +358,6 @@ def _output_top(cfg) -> tuple[Path, Path] | None:
     take one, else the part of the output directory above the override names, up to its
     first directory below the working directory (for ``outputs/<name>/data.path-/abs/x.npz``
     that is ``outputs``: removed only if the failed command left it empty)."""
-    from hydra.core.hydra_config import HydraConfig
-
     if not HydraConfig.initialized():
         return None
     hc = HydraConfig.get()
@@ -386,9 +380,6 @@ def clean_errors(fn):
     ``SCORELIB_TRACEBACK=1`` re-raises. The Hydra output directory of the failed command is
     removed if nothing but Hydra wrote to it, with its empty parents up to ``cfg.run_dir``
     for apps that take one (else up to the directory above the override names)."""
-
-    from hydra.errors import InstantiationException
-    from omegaconf.errors import OmegaConfBaseException
 
     @functools.wraps(fn)
     def wrapper(cfg, *args, **kwargs):

@@ -26,6 +26,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from scorelib.samplers import SAMPLERS, get_sampler
+
 SCHEMA_GROUP = "_schemas"
 
 # --- process -----------------------------------------------------------------
@@ -198,8 +200,6 @@ def sampler_options(name: str) -> dict[str, tuple[Any, Any]]:
     Raises:
       ValueError: naming ``sampler.name`` for an unknown sampler.
     """
-    from scorelib.samplers import get_sampler
-
     fn = get_sampler(name)
     try:
         hints = typing.get_type_hints(fn)
@@ -253,8 +253,6 @@ class RunSamplerConfig:
 @functools.cache
 def run_sampler_schema() -> type:
     """:class:`RunSamplerConfig` with every option of every registered sampler (null)."""
-    from scorelib.samplers import SAMPLERS
-
     fields, seen = [], {f.name for f in dataclasses.fields(RunSamplerConfig)}
     for name in SAMPLERS:
         for key, (typ, _) in sampler_options(name).items():
@@ -462,8 +460,6 @@ class EvaluateConfig:
 
 #: ``(group, option) -> schema``: what each ``configs/<group>/<option>.yaml`` starts from.
 def group_schemas() -> dict[tuple[str, str], type]:
-    from scorelib.samplers import SAMPLERS
-
     out = {
         ("process", "edm"): EDMProcessConfig,
         ("process", "ve"): VEProcessConfig,

@@ -1,21 +1,44 @@
-"""A run directory's layout (checkpoint steps, samples directories) and the writing of
-samples: ``.npz`` arrays, ``samples.json`` and a PNG (an image grid, or a scatter plot for
-2-D data)."""
+"""A run directory's layout: its config, its checkpoint steps, the names of its samples
+directories, and the writing of samples (``.npz`` arrays, ``samples.json`` and a PNG: an
+image grid, or a scatter plot for 2-D data).
+
+One naming rule serves every kind of run: ``<head>_n<num_samples>_seed<seed>`` plus
+``+<field>-<value>`` for every other field that changes the samples, where ``head`` says
+how they were drawn (``heun_18``, ``onestep_1``, ``cfdm_T0.95_S100``). Samples of a
+trained checkpoint live under ``samples/step<k>/<name>``, training-free samples under
+``samples/<name>``.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
+from omegaconf import DictConfig, OmegaConf
 
-from experiments import schema
 from scorelib._io import atomic_open, atomic_savez, atomic_write_text
 from scorelib.data.images import quantise
 
 
-def saved_steps(run_dir: Path) -> list[int]:
+def read_config(run_dir: str | Path) -> DictConfig:
+    """The ``config.yaml`` of ``run_dir``.
+
+    Raises:
+      FileNotFoundError: naming ``run_dir`` when the file is not there.
+    """
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path}: not found; run_dir must be a training run directory (written by "
+            "experiments.train or experiments.distill)"
+        )
+    return OmegaConf.load(path)
+
+
+def saved_steps(run_dir: str | Path) -> list[int]:
     """Steps of the checkpoints in ``run_dir/checkpoints``, ascending (read from the names
     of the step directories; nothing is opened or written)."""
     ckpt = Path(run_dir) / "checkpoints"
@@ -24,7 +47,8 @@ def saved_steps(run_dir: Path) -> list[int]:
     return sorted(int(p.name) for p in ckpt.iterdir() if p.is_dir() and p.name.isdigit())
 
 
-def _fmt(value) -> str:
+def fmt_value(value) -> str:
+    """A field value as it appears in a directory name: ``true``, ``0.1``, ``heun``."""
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, float):
@@ -32,35 +56,39 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def samples_name(record: dict, *, use_ema: bool = True) -> str:
-    """``<name>_<steps>_n<num_samples>_seed<seed>`` plus ``+<field>-<value>`` for every
-    other field that changes the samples and is not its default: the grid when it is not
-    the sampler's default grid, each grid option given, each sampler option that differs
-    from the sampler's default, ``float64``, and ``use_ema=false``.
+def samples_name(
+    head: str,
+    *,
+    num_samples: int,
+    seed: int,
+    extras: Iterable[tuple[str, object]] = (),
+    use_ema: bool = True,
+) -> str:
+    """``<head>_n<num_samples>_seed<seed>`` plus ``+<field>-<value>`` for each of ``extras``
+    and ``+use_ema-false`` for raw parameters.
 
-    A pure function of what the samples depend on (``batch_size`` is not: per-example keys),
-    so the same sampling always finds the same directory and another never overwrites it.
+    A pure function of what the samples depend on (``batch_size`` is not: per-example
+    keys), so the same sampling always finds the same directory and another never
+    overwrites it.
     """
-    name = record["name"]
-    extras = []
-    if record["grid"] != schema.DEFAULT_GRID.get(name, "edm"):
-        extras.append(("grid", record["grid"]))
-    extras += [(k, record[k]) for k in schema.GRID_FIELDS if record.get(k) is not None]
-    for key, (_, default) in schema.sampler_options(name).items():
-        if key in record and record[key] != default:
-            extras.append((key, record[key]))
-    if record.get("float64"):
-        extras.append(("float64", True))
-    if not use_ema:
-        extras.append(("use_ema", False))
-    base = f"{name}_{record['steps']}_n{record['num_samples']}_seed{record['seed']}"
-    return base + "".join(f"+{k}-{_fmt(v)}" for k, v in extras)
+    extras = list(extras) + ([] if use_ema else [("use_ema", False)])
+    base = f"{head}_n{num_samples}_seed{seed}"
+    return base + "".join(f"+{k}-{fmt_value(v)}" for k, v in extras)
 
 
-def samples_dir(run_dir: Path, record: dict, *, use_ema: bool = True, step: int) -> Path:
-    """``run_dir/samples/step<step>/<samples_name(record, use_ema)>``: samples of checkpoint
-    ``step`` drawn with the sampler ``record`` (``experiments.build.Sampling.record``)."""
-    return Path(run_dir) / "samples" / f"step{step}" / samples_name(record, use_ema=use_ema)
+def samples_dir(run_dir: str | Path, name: str, step: int | None = None) -> Path:
+    """``run_dir/samples/step<step>/<name>`` (``run_dir/samples/<name>`` without a step:
+    training-free samples)."""
+    base = Path(run_dir) / "samples"
+    return base / name if step is None else base / f"step{step}" / name
+
+
+def display_path(path: Path) -> str:
+    """``path`` relative to the working directory when it is below it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def save_samples(
@@ -93,12 +121,19 @@ def save_samples(
     )
 
 
+def count_nonfinite(samples) -> int:
+    """How many of ``samples: [n, ...]`` hold a NaN or an inf."""
+    return int(np.sum(~np.isfinite(np.reshape(samples, (len(samples), -1))).all(axis=1)))
+
+
 def plot_samples(
     path: Path, samples: np.ndarray, *, title=None, reference=None, max_images=100, levels=None
 ):
     """A grid of up to ``max_images`` images ``[n, H, W, C]`` in ``[-1, 1]`` (clipped; with
     ``levels``, quantised by :func:`scorelib.data.images.quantise`), or a scatter of 2-D points
     over ``reference``."""
+    # matplotlib is imported here, not at the top: it costs about a second of start-up that
+    # the commands which never plot (errors, evaluation, tables' checks) should not pay.
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,8 +1,8 @@
-"""Training-free sampling: ``python -m experiments.sample experiment=cfdm_digits``.
+"""Training-free runs: ``python -m experiments.sample experiment=cfdm_digits``.
 
 A closed-form score of the training set (``score=cfdm``: the smoothed closed-form score,
-``scorelib/scores/smoothed.py``) needs no checkpoint: this module builds it from
-``cfg.score`` and ``cfg.data``, draws ``sampler=cfdm`` samples
+``scorelib/scores/smoothed.py``) needs no checkpoint: :class:`TrainingFreeRun` builds it
+from ``cfg.score`` and ``cfg.data``, draws ``sampler=cfdm`` samples
 (``scorelib/samplers/cfdm.py``) and writes, under
 ``<run_dir>/samples/<cfdm_T.._S.._n.._seed..[+<field>-<value>...]>``, the samples
 (``samples.npz``/``.json``/``.png``) and their evaluation (``eval.json``/``eval.md``: FD and
@@ -16,7 +16,6 @@ backend does not take is refused (``score.k`` with ``score.estimator=exact``).
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import jax
@@ -24,15 +23,10 @@ import numpy as np
 from omegaconf import DictConfig
 
 from experiments import build, schema
-from experiments.evaluate import (
-    evaluate_images,
-    evaluate_points,
-    format_image_table,
-    format_points_table,
-)
-from experiments.outputs import _fmt, save_samples
+from experiments.runs.base import Run
+from experiments.runs.evaluation import evaluate_and_write
+from experiments.runs.layout import fmt_value, samples_name
 from scorelib._checks import check_choice, check_int, require
-from scorelib._io import atomic_write_text
 from scorelib.data import toy_sample
 from scorelib.processes.rectified import RectifiedFlow
 from scorelib.samplers import draw_samples
@@ -81,78 +75,125 @@ def build_source(sc: DictConfig, train: np.ndarray) -> SmoothedScore:
     return SmoothedScore.create(est, sigma_s=sc.sigma_s, M=sc.M, redraw=sc.redraw)
 
 
-def samples_name(sc: DictConfig, smp: DictConfig) -> str:
-    """``cfdm_T<T>_S<S>_n<num>_seed<seed>`` plus ``+<field>-<value>`` for each score field
-    that differs from its default (so no two configurations share a directory)."""
-    defaults = schema.CFDMScoreConfig()
-    extras = [
-        (f.name, sc[f.name])
-        for f in dataclasses.fields(defaults)
-        if f.name not in ("name", "chunk") and sc[f.name] != getattr(defaults, f.name)
-    ]
-    base = f"cfdm_T{_fmt(float(smp.T))}_S{smp.S}_n{smp.num_samples}_seed{smp.seed}"
-    return base + "".join(f"+{k}-{_fmt(v)}" for k, v in extras)
+@dataclasses.dataclass(frozen=True)
+class CFDMSampling:
+    """``sampler=cfdm``: Euler in rectified-flow time from an exact draw at ``T`` with ``S``
+    steps per unit time (:func:`scorelib.samplers.cfdm.cfdm_sample`), with the score
+    fields that change the samples."""
+
+    T: float
+    S: int
+    num_samples: int
+    batch_size: int
+    seed: int
+    score: dict
+
+    @property
+    def record(self) -> dict:
+        return {
+            "name": "cfdm",
+            "T": self.T,
+            "S": self.S,
+            "num_samples": self.num_samples,
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+        }
 
 
-def run_training_free(cfg: DictConfig) -> Path:
-    """Sample, save and evaluate (module docstring); returns the samples directory.
+@dataclasses.dataclass
+class TrainingFreeRun(Run):
+    """A smoothed closed-form score of the training set and its sampler: no training, no
+    checkpoint; its samples live under ``<run_dir>/samples/<name>``."""
 
-    Raises:
-      ValueError: naming the field, before anything is compiled.
-    """
-    smp, sc = cfg.sampler, cfg.score
-    require(
-        smp.get("name") == "cfdm",
-        "sampler",
-        "sampler=cfdm with a training-free score",
-        smp.get("name"),
-    )
-    cfdm_steps(smp.T, smp.S)
-    num = check_int(smp.num_samples, "sampler.num_samples", low=1)
-    batch = check_int(smp.batch_size, "sampler.batch_size", low=1)
-    seed = check_int(smp.seed, "sampler.seed", low=0)
-    require(cfg.data is not None, "data", "a data option (data=digits, data=toy, ...)", None)
-    data = build.build_data(cfg)
-    train = training_set(data, sc)
-    source = build_source(sc, train)
+    source: SmoothedScore
+    train: np.ndarray
+    sampling: CFDMSampling
 
-    def sample(src, key, shape, first_index=0):
-        return cfdm_sample(src, key, shape[0], T=smp.T, S=smp.S, first_index=first_index)
+    @classmethod
+    def build(cls, cfg: DictConfig) -> TrainingFreeRun:
+        """Every check before anything is compiled.
 
-    x, info = draw_samples(
-        sample,
-        source,
-        jax.random.key(seed),
-        data.data_shape,
-        num_samples=num,
-        batch_size=batch,
-        progress=True,
-        desc="sampling (cfdm)",
-    )
-    out = Path(cfg.run_dir) / "samples" / samples_name(sc, smp)
-    title = (
-        f"{cfg.name}: sigma-CFDM, sigma_s={sc.sigma_s}, M={sc.M}, {sc.estimator}, "
-        f"T={smp.T}, {info['nfe']} steps, N={len(train)} training points"
-    )
-    meta = {
-        "sampler": dict(smp),
-        "score": dict(sc),
-        "n_train": int(len(train)),
-        **info,
-        "title": title,
-    }
-    ref = data.reference(2000) if data.images is None else None
-    levels = None if data.images is None else data.images.levels
-    save_samples(out, x, meta, reference=ref, levels=levels)
-    if data.images is not None:
-        result = evaluate_images(x, data.images, data.name, seed=seed, progress=True)
-        table = format_image_table(result, data.name)
-    else:
-        ref = data.reference(num, seed=seed + 1)
-        prior = np.asarray(jax.random.normal(jax.random.key(seed), x.shape))
-        result = evaluate_points(x, ref, seed=seed, prior=prior)
-        table = format_points_table(result)
-    atomic_write_text(out / "eval.json", json.dumps(result, indent=2))
-    atomic_write_text(out / "eval.md", table + "\n")
-    print(f"\n{cfg.name}: {out}\n\n{table}\n")
-    return out
+        Raises:
+          ValueError: naming the field.
+        """
+        smp, sc = cfg.sampler, cfg.score
+        require(
+            smp.get("name") == "cfdm",
+            "sampler",
+            "sampler=cfdm with a training-free score",
+            smp.get("name"),
+        )
+        cfdm_steps(smp.T, smp.S)
+        sampling = CFDMSampling(
+            T=float(smp.T),
+            S=int(smp.S),
+            num_samples=check_int(smp.num_samples, "sampler.num_samples", low=1),
+            batch_size=check_int(smp.batch_size, "sampler.batch_size", low=1),
+            seed=check_int(smp.seed, "sampler.seed", low=0),
+            score=dict(sc),
+        )
+        require(cfg.data is not None, "data", "a data option (data=digits, data=toy, ...)", None)
+        data = build.build_data(cfg)
+        train = training_set(data, sc)
+        return cls(
+            cfg=cfg, data=data, source=build_source(sc, train), train=train, sampling=sampling
+        )
+
+    @classmethod
+    def samples_name(cls, sampling: CFDMSampling, use_ema: bool = True) -> str:
+        """``cfdm_T<T>_S<S>_n<num>_seed<seed>`` plus ``+<field>-<value>`` for each score field
+        that differs from its default (so no two configurations share a directory)."""
+        defaults = schema.CFDMScoreConfig()
+        extras = [
+            (f.name, sampling.score[f.name])
+            for f in dataclasses.fields(defaults)
+            if f.name not in ("name", "chunk")
+            and sampling.score[f.name] != getattr(defaults, f.name)
+        ]
+        return samples_name(
+            f"cfdm_T{fmt_value(sampling.T)}_S{sampling.S}",
+            num_samples=sampling.num_samples,
+            seed=sampling.seed,
+            extras=extras,
+        )
+
+    def draw(self, params=None, *, progress: bool = True):
+        """Samples of the smoothed closed-form score (``params`` unused: there are none)."""
+        s = self.sampling
+
+        def sample(src, key, shape, first_index=0):
+            return cfdm_sample(src, key, shape[0], T=s.T, S=s.S, first_index=first_index)
+
+        return draw_samples(
+            sample,
+            self.source,
+            jax.random.key(s.seed),
+            self.data.data_shape,
+            num_samples=s.num_samples,
+            batch_size=s.batch_size,
+            progress=progress,
+            desc="sampling (cfdm)",
+        )
+
+    def sample_and_evaluate(self, run_dir: Path) -> Path:
+        """Draw, write and evaluate the samples under ``run_dir/samples/<name>``; returns
+        the directory."""
+        x, info = self.draw()
+        sc, s = self.cfg.score, self.sampling
+        title = (
+            f"{self.cfg.name}: sigma-CFDM, sigma_s={sc.sigma_s}, M={sc.M}, {sc.estimator}, "
+            f"T={s.T}, {info['nfe']} steps, N={len(self.train)} training points"
+        )
+        meta = {
+            "sampler": dict(self.cfg.sampler),
+            "score": dict(sc),
+            "n_train": int(len(self.train)),
+            **info,
+            "title": title,
+        }
+        out = self.write_samples(x, meta, run_dir, step=None)
+        prior = np.asarray(jax.random.normal(jax.random.key(s.seed), x.shape))
+        evaluate_and_write(
+            x, self.data, out, seed=s.seed, prior=prior, title=f"{self.cfg.name}: {out}"
+        )
+        return out

@@ -15,7 +15,7 @@ nearest-neighbour estimator (``k = l = 15``):
   mean NN distance of samples over that of held-out data (well below 1: copying);
 * quality against held-out data: energy distance and sliced W2 for 2-D; for images, after
   quantising to the data's grey levels, the library's image metrics as
-  ``experiments.evaluate.evaluate_images`` computes them: the Frechet distance in the
+  ``experiments.runs.evaluation.evaluate_images`` computes them: the Frechet distance in the
   bundled classifier's features beside its floor, the classifier two-sample test (in
   features, and in pixels for ``table.c2st_pixels``; at the default configuration only,
   for cost) and recall/precision in pixels and features, each with its floor (training
@@ -45,12 +45,14 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from flax import nnx
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.closed_form import build_source
+from experiments.runs.evaluation import CLASSIFIERS
+from experiments.runs.training_free import build_source
 from experiments.schema import CFDMScoreConfig
 from scorelib._io import atomic_write_text
-from scorelib.data import load_digits, load_mnist_subset, toy_sample
+from scorelib.data import get_batch, load_digits, load_mnist_subset, toy_sample
 from scorelib.data.images import quantise
 from scorelib.metrics import (
     c2st,
@@ -63,7 +65,13 @@ from scorelib.metrics.classifier import FeatureExtractor, default_cache_dir
 from scorelib.metrics.frechet import fd_features, fd_floor
 from scorelib.metrics.memorisation import leave_one_out_distances, nearest_neighbours
 from scorelib.metrics.transport import exact_w2
+from scorelib.nets import MLP
+from scorelib.objectives import EDMLoss, SmoothedScoreMatching
+from scorelib.processes import EDM
+from scorelib.samplers import draw_samples, edm_grid, get_sampler
 from scorelib.samplers.cfdm import cfdm_sample
+from scorelib.scores import EmpiricalScore, NeighbourScore, NetworkScore, SmoothedScore
+from scorelib.training import EMA, init_state, make_optimizer, network_source, train_seeds
 
 IMAGES = {"digits": load_digits, "mnist": load_mnist_subset}
 TOYS = ("moons", "checkerboard")
@@ -136,15 +144,13 @@ def draw(src, n: int, seed: int, tc: DictConfig) -> tuple[np.ndarray, float]:
 
 class ImageQuality:
     """The library's image metrics of sample sets against the test split (those of
-    ``experiments.evaluate.evaluate_images``): samples quantised to the data's grey levels,
+    ``experiments.runs.evaluation.evaluate_images``): samples quantised to the data's grey levels,
     FD in the bundled classifier's features, C2ST and precision/recall (k = 3) against
     ``m = min(n, n_test)`` test images, in features and pixels (the pixel C2ST only with
     ``pixels``: at d = 784 it costs over a minute per set on this CPU). ``floors`` holds the
     same metrics for training images (FD: mean and std over 5 draws of ``n``)."""
 
     def __init__(self, name, train, test, levels, n, seed, pixels: bool):
-        from experiments.evaluate import CLASSIFIERS
-
         self.ext = FeatureExtractor.load_or_train(
             CLASSIFIERS[name](), os.environ.get("SCORELIB_CACHE") or default_cache_dir(os.environ)
         )
@@ -287,16 +293,6 @@ def run_dataset(name: str, tc: DictConfig, quality=None, log=print) -> dict:
 
 def objective_rows(name: str, tc: DictConfig, quality=None, log=print) -> list:
     """EDM loss vs smoothed closed-form score matching, same MLP and budget, Heun samples."""
-    from flax import nnx
-
-    from scorelib.data import get_batch
-    from scorelib.nets import MLP
-    from scorelib.objectives import EDMLoss, SmoothedScoreMatching
-    from scorelib.processes import EDM
-    from scorelib.samplers import draw_samples, edm_grid, get_sampler
-    from scorelib.scores import EmpiricalScore, NeighbourScore, NetworkScore, SmoothedScore
-    from scorelib.training import EMA, init_state, make_optimizer, network_source, train_seeds
-
     oc = tc.objective
     train, held, kind, _ = load(name, tc)
     n, seed = int(tc.n_samples[kind]), int(tc.seed)

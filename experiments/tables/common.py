@@ -28,8 +28,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.common import git_revision, package_versions
 from scorelib._io import atomic_write_text
 
 Cell = Any
@@ -55,8 +58,6 @@ def fmt(v: Cell, sig: int = 3) -> str:
             return f"{v:.{sig}g}"
         return f"{v:.{sig - 1}e}"
     try:  # numpy scalars
-        import numpy as np
-
         if isinstance(v, np.integer):
             return str(int(v))
         if isinstance(v, np.floating):
@@ -106,8 +107,6 @@ def _is_float(v) -> bool:
     if isinstance(v, float):
         return True
     try:
-        import numpy as np
-
         return isinstance(v, np.floating)
     except ImportError:  # pragma: no cover
         return False
@@ -171,12 +170,8 @@ def command_line(argv: Sequence[str] | None = None) -> str:
 
 def metadata(cfg: DictConfig | dict, *, command: str, seeds: Sequence[int], wall_s: float) -> dict:
     """Run metadata: resolved config, command, seeds, versions, git revision, machine."""
-    from experiments.common import git_revision, package_versions
-
     conf = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
     try:
-        import jax
-
         backend, devices = jax.default_backend(), [str(d) for d in jax.devices()]
     except Exception:  # pragma: no cover - metadata must never fail the run
         backend, devices = None, []

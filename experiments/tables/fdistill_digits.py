@@ -8,7 +8,7 @@ the EDM grid's lowest positive level before the final step to 0, chosen by FD), 
 one-step students; columns: FD in
 classifier features against the test digits, its floor, memorisation, and the paper's
 CIFAR-10 FID (Xu, Nie and Vahdat 2025, Table 2) for reference. The module runs the
-library and reports; every number comes from ``experiments.evaluate.evaluate_images``.
+library and reports; every number comes from ``experiments.runs.evaluation.evaluate_images``.
 """
 
 from __future__ import annotations
@@ -18,14 +18,22 @@ import os
 from pathlib import Path
 from typing import Any
 
+import hydra
 import jax
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.build import Sampling
+from experiments.runs import DistillRun, ScoreRun, load_run, train_run
+from experiments.runs.evaluation import evaluate_images
 from experiments.tables.common import pm
 from scorelib import distill
 from scorelib._checks import check_real
-from scorelib._io import atomic_write_text
+from scorelib._io import atomic_open, atomic_write_text
+from scorelib.data.images import quantise
+from scorelib.metrics import fd_features
+from scorelib.metrics.classifier import ClassifierConfig, FeatureExtractor, default_cache_dir
+from scorelib.samplers import draw_samples, get_sampler, make_grid
 
 #: CIFAR-10 one-step FID and the teacher's (Xu et al. 2025, Table 2), for reference.
 PAPER_FID = {
@@ -62,8 +70,6 @@ def check_teacher(tc, run_dir: Path) -> None:
     Raises:
       ValueError, FileNotFoundError: ``table.teacher=<run>: ...``.
     """
-    from experiments.distill import setup_distill
-
     run_cfg = OmegaConf.load(Path(tc.teacher) / "config.yaml")
     name = OmegaConf.select(run_cfg, "data.name")
     if name != "digits":
@@ -73,7 +79,7 @@ def check_teacher(tc, run_dir: Path) -> None:
         )
     for d in tc.divergences:
         try:
-            setup_distill(student_config(tc, d, Path(tc.teacher)))
+            DistillRun.build(student_config(tc, d, Path(tc.teacher)))
         except (ValueError, FileNotFoundError) as e:
             raise type(e)(f"table.teacher={tc.teacher}: {e}") from e
 
@@ -82,14 +88,11 @@ def teacher_run(tc, run_dir: Path, log) -> Path:
     """The teacher run directory: ``table.teacher``, or one trained here."""
     if tc.teacher is not None:
         return Path(tc.teacher)
-    import hydra
-
-    from experiments.train import train_in
 
     out = run_dir / "teacher"
     log(f"[teacher] training {out}")
     cfg = hydra.compose("train", overrides=list(tc.teacher_overrides))
-    train_in(out, cfg, progress=False, handle_signals=False, tensorboard=False)
+    train_run(ScoreRun, cfg, out, progress=False, handle_signals=False, tensorboard=False)
     return out
 
 
@@ -105,13 +108,6 @@ def teacher_samples(teacher_dir: Path, tc, seed: int, log) -> tuple[dict, Any, d
     rows would not be the teacher's best few-step sampler. The choice is made on the test
     split the rows are reported on: it favours the teacher.
     """
-    from experiments.build import Sampling
-    from experiments.sample import load_run
-    from scorelib.data.images import quantise
-    from scorelib.metrics import fd_features
-    from scorelib.metrics.classifier import ClassifierConfig, FeatureExtractor, default_cache_dir
-    from scorelib.samplers import draw_samples, get_sampler, make_grid
-
     run, state = load_run(teacher_dir)
     source = run.source(state.ema_params)
     ext = FeatureExtractor.load_or_train(ClassifierConfig(), default_cache_dir(os.environ))
@@ -157,8 +153,6 @@ def teacher_samples(teacher_dir: Path, tc, seed: int, log) -> tuple[dict, Any, d
 
 def student_config(tc, divergence: str, teacher_dir: Path) -> DictConfig:
     """The ``experiments.distill`` config of the student of ``divergence``."""
-    import hydra
-
     overrides = [
         "experiment=fdistill_digits",
         f"teacher.run_dir={teacher_dir}",
@@ -169,18 +163,14 @@ def student_config(tc, divergence: str, teacher_dir: Path) -> DictConfig:
 
 
 def student(tc, divergence: str, teacher_dir: Path, run_dir: Path, log):
-    from experiments.distill import distill_in
-
     out = run_dir / "runs" / divergence
     log(f"[{divergence}] {out.relative_to(run_dir)}")
     cfg = student_config(tc, divergence, teacher_dir)
-    return distill_in(out, cfg, progress=False, handle_signals=False, tensorboard=False)
+    return train_run(DistillRun, cfg, out, progress=False, handle_signals=False, tensorboard=False)
 
 
 def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
     """Teacher, students, metrics; writes ``results.json`` and ``figure.png``."""
-    from experiments.evaluate import evaluate_images
-
     tc = _settings(cfg)
     run_dir = Path(run_dir)
     if tc.teacher is not None:
@@ -191,7 +181,7 @@ def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
         rows, trun, chosen[int(seed)] = teacher_samples(teacher_dir, tc, int(seed), log)
         for d in tc.divergences:
             srun, state = student(tc, d, teacher_dir, run_dir, log)
-            x = srun.sample(state.ema_params, int(tc.samples), int(seed), int(tc.batch_size))
+            x, _ = srun.sample(state.ema_params, int(tc.samples), int(seed), int(tc.batch_size))
             rows[(f"student, {distill.describe(d)}", 1, d)] = x
         for (label, nfe, key), x in rows.items():
             r = evaluate_images(x, trun.data.images, "digits", seed=int(seed), progress=True)
@@ -313,8 +303,6 @@ def make_figure(samples: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from scorelib._io import atomic_open
 
     fig, axes = plt.subplots(1, len(samples), figsize=(2.2 * len(samples), 2.5), squeeze=False)
     for ax, (name, x) in zip(axes[0], samples.items(), strict=True):

@@ -13,13 +13,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import hydra
 import jax
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.runs import DistillRun, train_run
 from experiments.tables.common import pm
 from scorelib import distill
-from scorelib._io import atomic_write_text
+from scorelib._io import atomic_open, atomic_write_text
 from scorelib.metrics import energy_distance, mode_statistics, precision_recall
 
 #: Mode-seeking character (Xu et al. 2025, Table 1): high / medium / low; Neyman: not in it.
@@ -52,10 +54,6 @@ def _settings(cfg: DictConfig) -> DictConfig:
 
 def student(tc, divergence: str, seed: int, run_dir: Path, log) -> tuple:
     """Distil (or resume) one student; returns ``(run, state)``."""
-    import hydra
-
-    from experiments.distill import distill_in
-
     overrides = [
         "experiment=fdistill_gmm",
         f"distill.divergence={divergence}",
@@ -65,7 +63,7 @@ def student(tc, divergence: str, seed: int, run_dir: Path, log) -> tuple:
     cfg = hydra.compose("distill", overrides=overrides)
     out = run_dir / "runs" / f"{divergence}_seed{seed}"
     log(f"[{divergence} seed {seed}] {out}")
-    return distill_in(out, cfg, progress=False, handle_signals=False, tensorboard=False)
+    return train_run(DistillRun, cfg, out, progress=False, handle_signals=False, tensorboard=False)
 
 
 def measure(x, target, reference, tc) -> dict:
@@ -188,8 +186,6 @@ def make_figure(samples: dict, target, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from scorelib._io import atomic_open
 
     names = list(samples)
     fig, axes = plt.subplots(1, len(names), figsize=(2.4 * len(names), 2.6), squeeze=False)

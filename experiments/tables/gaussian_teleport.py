@@ -33,6 +33,7 @@ Models: ``table.checkpoint`` / ``table.mnist_checkpoint`` name training run dire
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from pathlib import Path
@@ -40,10 +41,25 @@ from typing import Any
 
 import jax
 import numpy as np
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
+from experiments import build
+from experiments.runs import ScoreRun, configure_jax, load_run, train_run
+from experiments.schema import register_configs
+from scorelib._io import atomic_write_text
+from scorelib.metrics import (
+    ClassifierConfig,
+    FeatureExtractor,
+    default_cache_dir,
+    explained_fraction,
+    fd_features,
+    fd_floor,
+    mnist_subset_config,
+)
 from scorelib.samplers import dpmpp_2m, draw_samples, edm_grid, heun
-from scorelib.samplers.teleport import teleport
+from scorelib.samplers.teleport import start_state, teleport
 from scorelib.scores import EmpiricalScore, fit_gaussian, fit_kmeans_mixture, gaussian_flow
 
 SAMPLER_FNS = {"heun": heun, "dpmpp_2m": dpmpp_2m}
@@ -53,11 +69,6 @@ PAPER = "Wang & Vastola, TMLR 2024 (arXiv 2412.09726)"
 # --------------------------------------------------------------------------- models
 def _compose_train_cfg(overrides: list[str]) -> DictConfig:
     """The ``experiments.train`` config for ``overrides`` (Hydra compose of configs/train.yaml)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from experiments.schema import register_configs
-
     register_configs()
     if GlobalHydra.instance().is_initialized():
         return compose(config_name="train", overrides=list(overrides))
@@ -68,19 +79,18 @@ def _compose_train_cfg(overrides: list[str]) -> DictConfig:
 
 def train_model(overrides: list[str], model_dir: Path, *, progress: bool = False) -> float:
     """Train (or resume, or reuse) the model of ``experiments.train`` + ``overrides`` in
-    ``model_dir`` with :func:`experiments.train.train_in` (the entry point's own checks).
+    ``model_dir`` with :func:`experiments.runs.train_run` (the entry point's own checks).
 
     Returns:
       wall seconds spent (near 0 when the run was already complete).
     """
-    from experiments.train import train_in
-
     cfg = _compose_train_cfg(overrides)
     t0 = time.perf_counter()
     extra = {"trained_by": "experiments.tables.gaussian_teleport", "overrides": list(overrides)}
-    train_in(
-        Path(model_dir),
+    train_run(
+        ScoreRun,
         cfg,
+        Path(model_dir),
         progress=progress,
         handle_signals=False,
         tensorboard=False,
@@ -95,8 +105,6 @@ def load_model(run_dir: Path):
     Raises:
       FileNotFoundError: no ``config.yaml`` or no checkpoint in ``run_dir``.
     """
-    from experiments.sample import load_run
-
     run, state = load_run(run_dir)
     return run, run.source(state.ema_params), int(state.step)
 
@@ -112,8 +120,6 @@ def explained_table(
     per-example noise from ``fold_in(key(seed), j)`` at the ``j``-th sigma; every source is
     evaluated at the same points, in batches of ``batch``.
     """
-    from scorelib.metrics import explained_fraction
-
     rows = []
     for j, sig in enumerate(sigmas):
         t = process.t_of_ve_sigma(float(sig))
@@ -147,8 +153,6 @@ def sample_teleported(
 
 def gaussian_only_samples(gaussian, data_shape, *, grid, seed, num_samples):
     """The closed-form flow all the way to sigma = 0 from the plain start draw (NFE 0)."""
-    from scorelib.samplers.teleport import start_state
-
     x_T = start_state(gaussian, jax.random.key(seed), (num_samples, *data_shape), grid=grid)
     return np.asarray(gaussian_flow(gaussian, x_T, sigma_from=float(grid[0]), sigma_to=0.0))
 
@@ -257,8 +261,6 @@ def analyse_dataset(
     """Parts (a) and (b) for one data set; FD in ``features(images) -> [n, f]`` against the
     test split (:func:`scorelib.metrics.fd_features`, floor by
     :func:`scorelib.metrics.fd_floor`)."""
-    from scorelib.metrics import fd_features, fd_floor
-
     ref_features = features(dataset.test)
 
     def fd_of(images):
@@ -336,8 +338,6 @@ def analyse_dataset(
 def classifier_features(data_name: str, cache_dir):
     """``images -> [n, f]`` features of the bundled classifier of ``data_name`` (FD_digits,
     FD_mnist; :mod:`scorelib.metrics.classifier`)."""
-    from scorelib.metrics import ClassifierConfig, FeatureExtractor, mnist_subset_config
-
     cfg = ClassifierConfig() if data_name == "digits" else mnist_subset_config()
     return FeatureExtractor.load_or_train(cfg, cache_dir).features
 
@@ -373,9 +373,6 @@ def run_dataset(data_name: str, tc: DictConfig, run_dir: Path, log=print) -> Dat
     Raises:
       ValueError: the given checkpoint was trained on another data set.
     """
-    from experiments import build
-    from scorelib.metrics import default_cache_dir
-
     dcfg = tc.data[data_name]
     timings = {}
     if dcfg.checkpoint:
@@ -413,7 +410,7 @@ def run_dataset(data_name: str, tc: DictConfig, run_dir: Path, log=print) -> Dat
 
 def compute(cfg: DictConfig, run_dir: Path, log=print) -> dict:
     """Run the whole table; returns ``{settings, results: {data: DatasetResult}, wall_s}``."""
-    jax.config.update("jax_default_matmul_precision", "highest")
+    configure_jax()
     tc = _settings(cfg)
     for name in tc.datasets:
         if name not in tc.data:
@@ -612,10 +609,6 @@ def make_figure(results: dict, path: Path) -> None:
 # --------------------------------------------------------------------------- entry point
 def write_results(run_dir: Path, out: dict) -> None:
     """``<run_dir>/results.json``: every computed number of :func:`compute`'s ``out``."""
-    import json
-
-    from scorelib._io import atomic_write_text
-
     results = {name: dataclasses.asdict(res) for name, res in out["results"].items()}
     atomic_write_text(
         run_dir / "results.json",

@@ -22,6 +22,7 @@ teleportation on EDM CIFAR-10 (Wang & Vastola 2024) and skips the first 15-30% o
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import time
 from pathlib import Path
@@ -29,6 +30,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.runs import ScoreRun, saved_steps
 from experiments.tables import gaussian_teleport as gt
 
 EXPECT_DATA = (
@@ -71,9 +73,6 @@ def check_inputs(tc: DictConfig) -> tuple[Path, Path]:
 
 def load_cifar_model(ckpt: Path, data_path: Path):
     """``(run, source, step)`` of the run in ``ckpt`` with its data path replaced."""
-    from experiments import train as train_app
-    from scorelib import training
-
     cfg = OmegaConf.load(ckpt / "config.yaml")
     if cfg.data.name != "npz":
         raise ValueError(
@@ -81,16 +80,12 @@ def load_cifar_model(ckpt: Path, data_path: Path):
             "expected data=npz (CIFAR-10 from a .npz)"
         )
     cfg.data.path = str(data_path)
-    run = train_app.setup(cfg)
-    manager = train_app.checkpointer(run, ckpt)
-    try:
-        if manager.latest_step() is None:
-            raise FileNotFoundError(
-                f"table.checkpoint={ckpt}: no checkpoint saved yet; expected {EXPECT_CKPT}"
-            )
-        state = manager.restore_latest(training.abstract_state(run.state))
-    finally:
-        manager.close()
+    run = ScoreRun.build(cfg)
+    if not saved_steps(ckpt):
+        raise FileNotFoundError(
+            f"table.checkpoint={ckpt}: no checkpoint saved yet; expected {EXPECT_CKPT}"
+        )
+    state = run.restore(ckpt)
     return run, run.source(state.ema_params), int(state.step)
 
 
@@ -118,8 +113,6 @@ def compute(cfg: DictConfig, run_dir: Path, log=print) -> dict:
     run, source, step = load_cifar_model(ckpt, data_path)
     dataset = run.data.images
     if dataset.test is None:  # FD and part (a) use the held-out split; fall back to train
-        import dataclasses
-
         dataset = dataclasses.replace(dataset, test=dataset.train)
     res = gt.analyse_dataset("cifar10", source, run.process, dataset, features, tc, log=log)
     res.model = {

@@ -44,9 +44,18 @@ from typing import Any
 
 import jax
 import numpy as np
+from flax import nnx
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.tables.common import pm
 from scorelib._io import atomic_write_text
+from scorelib.data.targets import make_target
+from scorelib.metrics import label_variance, noisy_samples, relative_score_error, sample_distances
+from scorelib.nets import MLP
+from scorelib.objectives import MixedScoreMatching
+from scorelib.samplers import edm_grid, get_sampler
+from scorelib.training import EMA, init_state, make_optimizer, network_source, train_seeds, unstack
 
 LABELS = {"dsm": "DSM", "tsm": "TSM"}
 #: The network behind each objective: ``edm`` (EDM's preconditioning, ``NetworkScore``) or
@@ -110,8 +119,6 @@ def _settings(cfg: DictConfig) -> DictConfig:
 
 
 def _process(tc):
-    from hydra.utils import instantiate
-
     p = instantiate(tc.process)
     lo, hi = float(p.ve_sigma(p.t_min)), float(p.ve_sigma(p.t_max))
     for s in tc.sigmas:
@@ -131,8 +138,6 @@ def _precond(tc, name: str) -> str:
 def _objectives(tc, process, target, sigma_fisher: float) -> dict:
     """``{name: MixedScoreMatching}``; ``sigma_fisher`` (the target's Fisher length scale)
     is passed to the objectives weighted ``fisher`` that do not set their own."""
-    from scorelib.objectives import MixedScoreMatching
-
     out = {}
     for name, spec in tc.objectives.items():
         kw = {"t_sampling": str(tc.train.t_sampling), "weighting": str(tc.train.weighting)}
@@ -154,8 +159,6 @@ def _role(tc, name: str) -> str:
 
 def _sources(tc, process, graphdef, sigma_data: float, sigma_fisher: float) -> dict:
     """``{objective: make_source}``: each objective's network (:data:`PRECONDS`)."""
-    from scorelib.training import network_source
-
     by = {
         "edm": network_source(process, graphdef, sigma_data),
         "fisher": network_source(process, graphdef, sigma_data, sigma_fisher=sigma_fisher),
@@ -176,8 +179,6 @@ def _sigma_keys(seed: int, j: int):
 def label_variances(objectives: dict, target, process, sigmas, n: int, seed: int) -> dict:
     """``{objective | "DSM label" | "TSM label": {"mean": [S], "se": [S]}}`` by
     :func:`scorelib.metrics.label_variance`, ``n`` exact samples per sigma."""
-    from scorelib.metrics import label_variance
-
     truth = target.noisy_score(process)
     res: dict[str, dict[str, list]] = {}
     for j, s in enumerate(sigmas):
@@ -202,11 +203,6 @@ def train_models(
 
     Returns ``(graphdef, {objective: EMA params stacked over seeds}, info)``.
     """
-    from flax import nnx
-
-    from scorelib.nets import MLP
-    from scorelib.training import EMA, init_state, make_optimizer, train_seeds
-
     seeds = [int(s) for s in tc.seeds]
     tr, mc = tc.train, tc.model
     batch, steps = int(tr.batch_size), int(tr.steps)
@@ -268,8 +264,6 @@ def score_errors(sources: dict, params: dict, target, process, sigmas, n: int, s
     """``{objective: [n_seeds, S]}`` relative errors by
     :func:`scorelib.metrics.relative_score_error`, ``n`` exact samples per sigma
     (``sources``: each objective's ``make_source``, :func:`_sources`)."""
-    from scorelib.metrics import relative_score_error
-
     truth = target.noisy_score(process)
     out: dict[str, list] = {k: [] for k in params}
     for j, s in enumerate(sigmas):
@@ -290,10 +284,6 @@ def sample_quality(sources: dict, params: dict, target, process, tc, log=print) 
     Returns ``{row: {"energy": [per seed], "sw2": [per seed]}}`` for every objective, the
     exact noisy score through the same sampler, and a second exact sample.
     """
-    from scorelib.metrics import noisy_samples, sample_distances
-    from scorelib.samplers import edm_grid, get_sampler
-    from scorelib.training import unstack
-
     sc = tc.samples
     n = int(sc.n)
     sampler = get_sampler(str(sc.sampler))
@@ -335,8 +325,6 @@ def sample_quality(sources: dict, params: dict, target, process, tc, log=print) 
 def run_target(name: str, tc: DictConfig, run_dir: Path, log=print) -> dict:
     """Parts (a), (b), (c) for one target, or the cached result computed with the same
     settings (``<run_dir>/partial/<name>.json``)."""
-    from scorelib.data.targets import make_target
-
     spec = dict(OmegaConf.to_container(tc.targets[name], resolve=True))
     settings = {
         k: OmegaConf.to_container(tc[k], resolve=True)
@@ -500,8 +488,6 @@ def error_table(results: dict) -> tuple[list, list]:
     """Table (b): relative score error per target, sigma and objective (mean ± std), the
     lowest mean, and the best mixture against the best pure objective
     (:func:`mixture_verdict`)."""
-    from experiments.tables.common import pm
-
     objs = results[next(iter(results))]["objectives"]
     cols = (
         ["target", "sigma"]
@@ -529,8 +515,6 @@ def error_table(results: dict) -> tuple[list, list]:
 
 def samples_table(results: dict) -> tuple[list, list]:
     """Table (c): energy distance and sliced W2 per target and model (mean ± std)."""
-    from experiments.tables.common import pm
-
     cols = ["target", "model", "energy distance^2", "sliced W2", "paper"]
     rows = []
     for name, r in results.items():

@@ -16,7 +16,13 @@ from scorelib.distill.losses import (
     r1_example_losses,
     student_example_losses,
 )
-from scorelib.distill.networks import Discriminator, generate, network_features, network_inputs
+from scorelib.distill.networks import (
+    Discriminator,
+    generate,
+    network_features,
+    network_inputs,
+    one_step_sampler,
+)
 from scorelib.distill.ratio import (
     bin_index,
     bin_means,
@@ -51,6 +57,7 @@ __all__ = [
     "generate",
     "network_features",
     "network_inputs",
+    "one_step_sampler",
     "bin_index",
     "bin_means",
     "normalise_ratio",

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from scorelib._checks import check_int, require
+from scorelib.keys import example_keys
 from scorelib.nets.precond import edm_precond
 from scorelib.processes.base import broadcast_to_data
 from scorelib.scores.network import preconditioned_denoiser
@@ -41,6 +42,38 @@ def generate(graphdef, params, z: Array, sigma_g: float, sigma_data: float) -> A
     """
     sigma = jnp.full((z.shape[0],), sigma_g, jnp.float32)
     return preconditioned_denoiser(graphdef, params, sigma_g * z, sigma, sigma_data)
+
+
+def one_step_sampler(graphdef, sigma_g: float, sigma_data: float):
+    """The student as a sampler: ``sample(params, key, shape, *, first_index=0) -> (x, info)``
+    with the library's sampler signature (``scorelib.samplers``), so
+    ``scorelib.samplers.draw_samples(sample, params, key, data_shape, ...)`` draws any number
+    of one-step samples in batches.
+
+    Example ``b`` of a call draws ``z = normal(fold_in(key, first_index + b), data_shape)``
+    (:func:`scorelib.keys.example_keys`) and returns ``G(z)`` (:func:`generate`), so a sample
+    depends on its key and global index only, not on the batch it was drawn in.
+
+    Args:
+      graphdef: the student network's graph definition.
+      sigma_g: the generator's input noise level (data units, > 0).
+      sigma_data: the preconditioning's data standard deviation.
+
+    Returns:
+      ``sample``; ``info = {"nfe": 1, "steps": 1}``. Compiled once per batch shape.
+    """
+
+    @jax.jit(static_argnums=2)
+    def draw(params, key, shape, first_index):
+        keys = example_keys(key, shape[0], first_index)
+        z = jax.vmap(lambda k: jax.random.normal(k, shape[1:]))(keys)
+        return generate(graphdef, params, z, sigma_g, sigma_data)
+
+    def sample(params, key, shape, *, first_index: int = 0):
+        shape = tuple(int(s) for s in shape)
+        return draw(params, key, shape, first_index), {"nfe": 1, "steps": 1}
+
+    return sample
 
 
 def network_inputs(process, x: Array, t: Array, sigma_data: float) -> tuple[Array, Array]:

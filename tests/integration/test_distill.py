@@ -40,22 +40,22 @@ def _same(a, b):
 def test_resumed_distillation_is_bit_identical(tmp_path):
     """Uninterrupted 20 steps == 10 steps, then the same run continued to 20 (the whole
     DistillState through the checkpoint: params, EMA, three optimizers, ratio means)."""
-    from experiments.distill import checkpointer, setup_distill
+    from experiments.runs import DistillRun
     from scorelib import training
 
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("distill", overrides=SMOKE + ["trainer.steps=20"])
-    run_ = setup_distill(cfg)
+    run_ = DistillRun.build(cfg)
     fresh = lambda: jax.tree.map(jnp.copy, run_.state)  # noqa: E731 (the step donates)
     kw = dict(log_every=5, progress=False, handle_signals=False, tensorboard=False)
-    a = checkpointer(run_, tmp_path / "a")
+    a = run_.checkpointer(tmp_path / "a")
     whole = jax.device_get(training.train(fresh(), run_.step_fn, num_steps=20, ckpt=a, **kw))
     a.close()
-    b = checkpointer(run_, tmp_path / "b")
+    b = run_.checkpointer(tmp_path / "b")
     half = training.train(fresh(), run_.step_fn, num_steps=10, ckpt=b, **kw)
     assert int(half.step) == 10
     b.close()
-    b = checkpointer(run_, tmp_path / "b")
+    b = run_.checkpointer(tmp_path / "b")
     resumed = jax.device_get(training.train(fresh(), run_.step_fn, num_steps=20, ckpt=b, **kw))
     b.close()
     assert int(resumed.step) == 20 and int(whole.step) == 20
@@ -231,8 +231,7 @@ def test_a_teacher_run_of_another_data_shape_is_refused_before_compute(toy_run, 
 
 @pytest.mark.slow
 def test_a_network_teacher_starts_student_and_fake_at_its_ema_weights(toy_run):
-    from experiments.distill import setup_distill
-    from experiments.sample import load_run
+    from experiments.runs import DistillRun, load_run
 
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(
@@ -244,7 +243,7 @@ def test_a_network_teacher_starts_student_and_fake_at_its_ema_weights(toy_run):
                 "distill.disc_width=8",
             ],
         )
-    run_ = setup_distill(cfg)
+    run_ = DistillRun.build(cfg)
     _, tstate = load_run(toy_run)
     ema, raw = jax.device_get(tstate.ema_params), jax.device_get(tstate.params)
     assert not _same(ema, raw)  # the EMA differs from the raw weights: the test can fail
@@ -278,7 +277,7 @@ def test_a_teacher_run_needs_a_network_with_features(target, ok):
     class has none is refused before anything is built, naming the class."""
     from omegaconf import OmegaConf
 
-    from experiments.distill import check_teacher_run
+    from experiments.runs.distill import check_teacher_run
 
     cfg = OmegaConf.create({"data": {"name": "digits"}, "model": {"_target_": target}})
     if ok:

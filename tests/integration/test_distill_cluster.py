@@ -46,21 +46,23 @@ def _signal_after_first_log(metrics, signum, timeout=300):
 
 @pytest.mark.slow
 def test_submitit_time_limit_signal_saves_then_resume_is_bit_identical(tmp_path, monkeypatch):
-    from experiments import distill
+    from experiments.runs import DistillRun, saved_steps, train_run
     from scorelib import training
 
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("distill", overrides=[*SMOKE, f"trainer.steps={STEPS}"])
     cfg.trainer.ckpt_every = 100000  # only the signal and the end save
-    built = distill.setup_distill(cfg)
+    built = DistillRun.build(cfg)
     fresh = lambda: jax.tree.map(jnp.copy, built.state)  # noqa: E731 (the step donates)
-    # one compiled step for the three runs: distill_in builds the same run each time
+    # one compiled step for the three runs: train_run builds the same run each time
     monkeypatch.setattr(
-        distill, "setup_distill", lambda c, mesh=None: dataclasses.replace(built, state=fresh())
+        DistillRun,
+        "build",
+        classmethod(lambda cls, c, mesh=None: dataclasses.replace(built, state=fresh())),
     )
     quiet = dict(progress=False, tensorboard=False)
 
-    _, whole = distill.distill_in(tmp_path / "whole", cfg, handle_signals=False, **quiet)
+    _, whole = train_run(DistillRun, cfg, tmp_path / "whole", handle_signals=False, **quiet)
     whole = jax.device_get(whole)
 
     # inside a submitit job: submitit's USR2 handler is installed, and a Slurm job id set
@@ -73,18 +75,18 @@ def test_submitit_time_limit_signal_saves_then_resume_is_bit_identical(tmp_path,
     try:
         thread = _signal_after_first_log(run_dir / "metrics.jsonl", signal.SIGUSR2)
         with pytest.raises(training.Interrupted) as stop:
-            distill.distill_in(run_dir, cfg, handle_signals=True, **quiet)
+            train_run(DistillRun, cfg, run_dir, handle_signals=True, **quiet)
         thread.join(10)
     finally:
         signal.signal(signal.SIGUSR2, previous)
     assert stop.value.signum == signal.SIGUSR2
-    saved = distill.saved_steps(run_dir)
+    saved = saved_steps(run_dir)
     assert len(saved) == 1 and 5 <= saved[0] < STEPS, saved  # the signal's checkpoint
     assert handled == [signal.SIGUSR2]  # submitit's handler (it requeues) ran after the save
 
     monkeypatch.delenv("SUBMITIT_FOLDER")
     monkeypatch.delenv("SLURM_JOB_ID")
-    _, resumed = distill.distill_in(run_dir, cfg, handle_signals=False, **quiet)
+    _, resumed = train_run(DistillRun, cfg, run_dir, handle_signals=False, **quiet)
     resumed = jax.device_get(resumed)
     assert int(resumed.step) == int(whole.step) == STEPS
     assert _same(resumed, whole)

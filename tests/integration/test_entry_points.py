@@ -17,7 +17,7 @@ def final_state(run_dir: Path):
     """Params, EMA params and optimizer state of the latest checkpoint, as numpy leaves."""
     import jax
 
-    from experiments.sample import load_run
+    from experiments.runs import load_run
 
     _, state = load_run(run_dir)
     return [

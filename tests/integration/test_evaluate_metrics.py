@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from experiments.evaluate import evaluate_images, format_image_table
+from experiments.runs.evaluation import evaluate_images, format_image_table
 from scorelib.data.images import load_digits
 from scorelib.metrics import dequantise
 from scorelib.metrics.baselines import gaussian_baseline

@@ -12,7 +12,7 @@ from entry_helpers import ROOT, TOY, copy_run, run
 from omegaconf import OmegaConf
 
 from experiments import schema
-from experiments.outputs import saved_steps
+from experiments.runs import saved_steps
 from scorelib.samplers import SAMPLERS
 
 
@@ -115,7 +115,7 @@ def _compose(*overrides):
 def test_a_run_written_before_a_field_existed_resumes_while_it_holds_its_default(tmp_path):
     """A config.yaml without objective.p_uniform / sigma_range (a run from before they
     existed) is the same run as today's default; a non-default value is another run."""
-    from experiments.train import check_same_run
+    from experiments.runs.identity import check_same_run
 
     cfg = _compose("experiment=digits_edm")
     old = OmegaConf.to_container(cfg, resolve=True)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from experiments.build import Sampling
-from experiments.evaluate import evaluate_points
+from experiments.runs.evaluation import evaluate_points
 from scorelib.samplers import draw_samples
 
 
@@ -40,7 +40,7 @@ def test_evaluation_refuses_nonfinite_samples_with_the_count():
 def test_sampler_config_is_the_runs_own_unless_a_group_is_chosen():
     from omegaconf import OmegaConf
 
-    from experiments.sample import sampler_config
+    from experiments.runs import ScoreRun
     from experiments.schema import register_configs, run_sampler_schema, sampler_schema
 
     register_configs()
@@ -50,24 +50,31 @@ def test_sampler_config_is_the_runs_own_unless_a_group_is_chosen():
     given = OmegaConf.structured(run_sampler_schema())  # sampler=run: every field null
     cfg = OmegaConf.create({"sampler": given})
     cfg.sampler.seed = 1
-    got = sampler_config(cfg, run_cfg, ["run_dir=x", "sampler.seed=1"])
+    got = ScoreRun.sampler_config(cfg, run_cfg, ["run_dir=x", "sampler.seed=1"])
     assert OmegaConf.get_type(got) is sampler_schema("heun")
     assert (got.name, got.steps, got.num_samples, got.seed) == ("heun", 18, 10000, 1)
     assert got.S_churn == 0.0  # the library's default, typed by heun's schema
     assert run_cfg.sampler.seed == 0  # the run's config is not modified
-    same = sampler_config(OmegaConf.create({"sampler": given.copy()}), run_cfg, ["run_dir=x"])
+    same = ScoreRun.sampler_config(
+        OmegaConf.create({"sampler": given.copy()}), run_cfg, ["run_dir=x"]
+    )
     assert same.seed == 0 and same.num_samples == 10000
     # A chosen group keeps the run's sample count (comparable results) unless overridden.
     pc = OmegaConf.create({"sampler": OmegaConf.structured(sampler_schema("pc"))})
     pc.sampler.steps, pc.sampler.num_samples, pc.sampler.seed = 50, 500, 1
-    got = sampler_config(pc, run_cfg, ["sampler=pc", "sampler.seed=1"])
+    got = ScoreRun.sampler_config(pc, run_cfg, ["sampler=pc", "sampler.seed=1"])
     assert (got.name, got.steps, got.num_samples, got.seed) == ("pc", 50, 10000, 1)
-    got = sampler_config(pc, run_cfg, ["sampler=pc", "sampler.num_samples=500"])
+    got = ScoreRun.sampler_config(pc, run_cfg, ["sampler=pc", "sampler.num_samples=500"])
     assert got.num_samples == 500
 
 
 def test_samples_dir_names_every_field_that_changes_the_samples(tmp_path):
-    from experiments.outputs import samples_dir
+    from experiments.runs import ScoreRun
+    from experiments.runs.layout import samples_dir as layout_dir
+
+    def samples_dir(run_dir, record, *, step, use_ema=True):
+        sampling = Sampling(record["name"], None, np.zeros(2), {}, record)
+        return layout_dir(run_dir, ScoreRun.samples_name(sampling, use_ema), step)
 
     heun = {
         "name": "heun",

@@ -33,7 +33,7 @@ SHORT = [
 
 
 def _state(run_dir, step=None):
-    from experiments.sample import load_run
+    from experiments.runs import load_run
 
     return load_run(run_dir, step=step)[1]
 
@@ -66,7 +66,7 @@ def short_run(tmp_path_factory):
 
 
 def test_keep_every_keeps_milestones_beside_the_last(short_run):
-    from experiments.outputs import saved_steps
+    from experiments.runs import saved_steps
 
     run_dir, r = short_run
     assert r.code == 0, r.stderr[-2000:]
@@ -97,7 +97,7 @@ def test_train_log_has_a_loss_line_every_log_every_steps(short_run):
 
 
 def test_ctrl_c_saves_the_step_and_says_how_to_resume(tmp_path):
-    from experiments.outputs import saved_steps
+    from experiments.runs import saved_steps
 
     run_dir = tmp_path / "interrupted"
     args = [sys.executable, "-m", "experiments.train", *TOY, f"hydra.run.dir={run_dir}"]
@@ -119,7 +119,7 @@ def test_ctrl_c_saves_the_step_and_says_how_to_resume(tmp_path):
 
 @pytest.mark.parametrize("name", ["brk[1]", "a=b,c d"])
 def test_train_resume_and_sample_under_any_directory_name(name, tmp_path):
-    from experiments.outputs import saved_steps
+    from experiments.runs import saved_steps
 
     run_dir = tmp_path / name
     quick = [

@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 from slurm_helpers import ROOT
 
 from experiments import schema
-from experiments.train import identity
+from experiments.runs.identity import identity
 
 
 def _compose(overrides, name="train", hydra=True):

@@ -1,0 +1,397 @@
+"""The run lifecycle, written once for every kind of run.
+
+A run is built from its config (every check before anything is compiled or written), has
+a directory that is a pure function of the command, and draws samples that are named by
+what they depend on. A *trained* run (:class:`TrainedRun`: score training, distillation)
+also has an identity checked against an existing directory, an exclusive lock, a
+checkpointed state it resumes bit for bit (falling back past unreadable checkpoints), a
+training loop that saves and stops cleanly on a signal, and can be loaded at any saved
+step. Each kind implements only what differs: :meth:`TrainedRun.build` (from its config),
+its ``fingerprint`` (what a checkpoint must match), its ``step_fn`` and :meth:`Run.draw`.
+
+* :func:`train_run`: train (or resume, or find complete) a run in its directory;
+* :func:`load_run`: a run directory's run and its state at a checkpoint;
+* :meth:`TrainedRun.save_samples` / :meth:`Run.write_samples`: draw and write samples
+  under ``samples/`` (:mod:`experiments.runs.layout`);
+* :meth:`TrainedRun.find_samples`: the samples an ``experiments.evaluate`` command means.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from pathlib import Path
+from typing import Any, ClassVar
+
+import jax
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from experiments.build import Data
+from experiments.common import write_run_info
+from experiments.runs.cluster import start_devices, train_loop
+from experiments.runs.identity import check_same_run, exclusive
+from experiments.runs.layout import (
+    count_nonfinite,
+    read_config,
+    samples_dir,
+    save_samples,
+    saved_steps,
+)
+from scorelib import parallel, training
+
+#: ``jax_default_matmul_precision`` of every run: float32 matmuls in full float32 (no
+#: TF32 or bf16 passes on GPUs, which lose digits in scores and likelihoods).
+MATMUL_PRECISION = "highest"
+
+
+def configure_jax() -> None:
+    """Set the run-wide JAX options (:data:`MATMUL_PRECISION`); idempotent."""
+    jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION)
+
+
+@dataclasses.dataclass
+class Run:
+    """What every run has: its config, its data and how it draws samples.
+
+    ``sampling`` (each kind's) has ``record``: the dict ``samples.json`` stores as
+    ``sampler``, what the samples depend on; :meth:`samples_name` names its directory.
+    """
+
+    cfg: DictConfig
+    data: Data
+
+    @classmethod
+    def samples_name(cls, sampling, use_ema: bool = True) -> str:
+        """The name of the directory of samples drawn with ``sampling``
+        (:func:`experiments.runs.layout.samples_name`)."""
+        raise NotImplementedError
+
+    def draw(self, params, *, progress: bool = True) -> tuple[np.ndarray, dict]:
+        """``(samples [num_samples, *data_shape], info)`` drawn with ``self.sampling`` from
+        ``params`` (what the kind samples from); ``info`` holds ``nfe`` and
+        ``num_nonfinite``."""
+        raise NotImplementedError
+
+    def write_samples(
+        self, x: np.ndarray, meta: dict, run_dir: Path, *, step: int | None, use_ema: bool = True
+    ) -> Path:
+        """Write ``x`` and ``meta`` under ``samples/[step<step>/]<name>`` of ``run_dir``;
+        returns the directory. Non-finite samples are kept, with a warning line."""
+        out = samples_dir(run_dir, self.samples_name(self.sampling, use_ema), step)
+        images = self.data.images
+        ref = self.data.reference(2000) if images is None else None
+        save_samples(out, x, meta, reference=ref, levels=None if images is None else images.levels)
+        bad = count_nonfinite(x)
+        if bad:
+            print(
+                f"warning: {bad} of {len(x)} samples are not finite (their trajectories "
+                "diverged); they are kept in samples.npz"
+            )
+        return out
+
+
+@dataclasses.dataclass
+class TrainedRun(Run):
+    """A run with a training loop and checkpoints (:class:`experiments.runs.ScoreRun`,
+    :class:`experiments.runs.DistillRun`).
+
+    Attributes:
+      state: the fresh training state (a :class:`scorelib.training.TrainState`-like pytree).
+      step_fn: the jitted ``step(state) -> (state, metrics)``.
+      fingerprint: what a checkpoint must match to be restored into this run.
+    """
+
+    state: Any
+    step_fn: Any
+    fingerprint: dict
+
+    #: which entry point writes this kind (for messages)
+    writer: ClassVar[str] = "experiments.train"
+
+    # ------------------------------------------------------------------ what each kind writes
+
+    @classmethod
+    def build(cls, cfg: DictConfig, mesh=None) -> TrainedRun:
+        """Build every object of the run from ``cfg``; every config error surfaces here.
+
+        With a ``mesh`` (``scorelib.parallel.make_mesh``) the step is data-parallel.
+
+        Raises:
+          ValueError, FileNotFoundError: naming the config field.
+        """
+        raise NotImplementedError
+
+    def initial_state(self):
+        """The state a new run starts from (default: the fresh ``state``)."""
+        return self.state
+
+    def saved_config(self) -> DictConfig:
+        """The config written to ``config.yaml`` (default: ``cfg`` resolved)."""
+        return OmegaConf.create(OmegaConf.to_container(self.cfg, resolve=True))
+
+    def announce(self) -> None:
+        """Print what the user should know before training starts (default: nothing)."""
+
+    def title(self, run_dir: Path, step: int, info: dict, use_ema: bool) -> str:
+        """The title of the samples' PNG."""
+        raise NotImplementedError
+
+    def sample_params(self, state, use_ema: bool):
+        """What :meth:`draw` samples from at ``state``: EMA or raw parameters."""
+        raise NotImplementedError
+
+    @classmethod
+    def stored_sampler(cls, cfg: DictConfig) -> DictConfig:
+        """The sampler config a loaded run draws with unless given another (default: the
+        run's ``sampler`` as stored)."""
+        return cfg.sampler
+
+    @classmethod
+    def sampler_config(cls, cmd: DictConfig, run_cfg: DictConfig, overrides: list[str]):
+        """The sampler config of an ``experiments.sample`` / ``evaluate`` command ``cmd`` on
+        a run of config ``run_cfg`` (``overrides``: the command line's).
+
+        Raises:
+          ValueError: a sampler field that does not apply to this kind of run.
+        """
+        raise NotImplementedError
+
+    @classmethod
+    def sampling_of(cls, cfg: DictConfig):
+        """The run's ``sampling`` from its config alone, without building the run (to find
+        its samples)."""
+        raise NotImplementedError
+
+    @classmethod
+    def data_config(cls, run_cfg: DictConfig) -> DictConfig:
+        """A config whose ``data`` and ``process`` are those the run's samples are compared
+        against (default: the run's own)."""
+        return run_cfg
+
+    @classmethod
+    def evaluation_source(cls, run_dir: Path, step: int | None, use_ema: bool):
+        """The score source whose bits/dim the evaluation reports, or ``None``."""
+        return None
+
+    # ------------------------------------------------------------------ the lifecycle
+
+    def checkpointer(self, run_dir: Path) -> training.Checkpointer:
+        """The run's :class:`scorelib.training.Checkpointer` over ``run_dir/checkpoints``."""
+        tc = self.cfg.trainer
+        return training.Checkpointer(
+            Path(run_dir) / "checkpoints",
+            save_every=tc.ckpt_every,
+            keep_last=tc.keep_last,
+            keep_every=tc.keep_every,
+            config=self.fingerprint,
+        )
+
+    def check_resume(self, run_dir: Path) -> None:
+        """Before anything is written: the saved step is not past ``trainer.steps`` and the
+        newest checkpoint fits the run.
+
+        Raises:
+          ValueError: naming ``trainer.steps``, or the config/state fields that differ.
+        """
+        steps = saved_steps(run_dir)
+        if not steps:
+            return
+        want = self.cfg.trainer.steps
+        if steps[-1] > want:
+            raise ValueError(
+                f"trainer.steps must be >= {steps[-1]}, the step this run has saved "
+                f"({run_dir}); got {want} (to sample an earlier checkpoint: python -m "
+                f"experiments.sample run_dir={run_dir} step=<one of {steps}>)"
+            )
+        ckpt = self.checkpointer(run_dir)
+        try:
+            ckpt.check_compatible(steps[-1], training.abstract_state(self.state))
+        finally:
+            ckpt.close()
+
+    def restore(self, run_dir: Path, step: int | None = None):
+        """The state saved at ``step`` in ``run_dir`` (default: the newest readable
+        checkpoint, falling back past unreadable ones).
+
+        Raises:
+          scorelib.training.CheckpointError: the checkpoint cannot be read.
+          ValueError: the checkpoint does not match the run.
+        """
+        ckpt = self.checkpointer(run_dir)
+        try:
+            abstract = training.abstract_state(self.state)
+            return ckpt.restore_latest(abstract) if step is None else ckpt.restore(step, abstract)
+        finally:
+            ckpt.close()
+
+    @classmethod
+    def load(cls, run_dir, step: int | None = None, sampler_cfg: DictConfig | None = None):
+        """``(run, state)``: the run of ``run_dir``'s ``config.yaml`` and its state at
+        checkpoint ``step`` (default: the newest readable one).
+
+        Args:
+          run_dir: a directory written by ``experiments.train`` or ``experiments.distill``.
+          step: a checkpoint step.
+          sampler_cfg: the sampler to build the run with (default: the run's own).
+
+        Raises:
+          FileNotFoundError: no ``config.yaml`` or no checkpoint (at ``step``).
+          ValueError: the checkpoint does not match the run's config.
+        """
+        configure_jax()
+        run_dir = Path(run_dir)
+        cfg = read_config(run_dir)
+        cfg.sampler = sampler_cfg if sampler_cfg is not None else cls.stored_sampler(cfg)
+        steps = saved_steps(run_dir)
+        if not steps:
+            raise FileNotFoundError(f"{run_dir / 'checkpoints'}: no checkpoint to sample from")
+        if step is not None and step not in steps:
+            raise FileNotFoundError(f"step={step}: no such checkpoint in {run_dir}; have {steps}")
+        run = cls.build(cfg)
+        return run, run.restore(run_dir, step)
+
+    def save_samples(
+        self, state, run_dir: Path, *, use_ema: bool = True, progress: bool = True
+    ) -> Path:
+        """Draw samples from ``state`` (EMA parameters unless ``use_ema=False``) with the
+        run's sampling and write them under ``samples/step<k>/<name>``; returns the
+        directory. ``samples.json`` records the sampler, the checkpoint step, the weights
+        and the draw's info (NFE, non-finite count, wall time)."""
+        step = int(parallel.to_host(state.step))
+        params = self.sample_params(state, use_ema)
+        if jax.device_count() > 1:  # the draw splits batches over local devices itself
+            params = parallel.to_host(params)
+        x, info = self.draw(params, progress=progress)
+        meta = {
+            "sampler": self.sampling.record,
+            "use_ema": use_ema,
+            "checkpoint_step": step,
+            **info,
+            "title": self.title(Path(run_dir), step, info, use_ema),
+        }
+        return self.write_samples(x, meta, run_dir, step=step, use_ema=use_ema)
+
+    @classmethod
+    def find_samples(cls, cmd: DictConfig, overrides: list[str]) -> Path:
+        """The ``samples.npz`` that ``experiments.sample`` writes for the same ``sampler``/
+        ``step``/``use_ema`` arguments of ``cmd`` (an ``experiments.evaluate`` config).
+
+        Raises:
+          FileNotFoundError: no checkpoint, or no samples there (the message names the
+            directory and the command that draws them).
+        """
+        run_dir = Path(cmd.run_dir)
+        run_cfg = read_config(run_dir)
+        steps = saved_steps(run_dir)
+        if not steps:
+            raise FileNotFoundError(f"{run_dir / 'checkpoints'}: no checkpoint, so no samples")
+        step = steps[-1] if cmd.step is None else cmd.step
+        cfg = run_cfg.copy()
+        cfg.sampler = cls.sampler_config(cmd, run_cfg, overrides)
+        name = cls.samples_name(cls.sampling_of(cfg), cmd.use_ema)
+        path = samples_dir(run_dir, name, step) / "samples.npz"
+        if not path.is_file():
+            selectors = " ".join(k for k in override_keys(overrides) if _selects_samples(k))
+            raise FileNotFoundError(
+                f"{path}: no samples there; draw them with python -m experiments.sample "
+                f"run_dir={run_dir} and the same sampler/step/use_ema arguments"
+                f"{' ' if selectors else ''}{selectors}, or give samples=<path>"
+            )
+        return path
+
+
+def override_keys(overrides: list[str]) -> list[str]:
+    """The field of each command-line override (``+sampler.steps=3`` -> ``sampler.steps``)."""
+    return [o.split("=", 1)[0].lstrip("+~") for o in overrides]
+
+
+def _selects_samples(key: str) -> bool:
+    return key in ("sampler", "step", "use_ema") or key.startswith("sampler.")
+
+
+def train_run(
+    kind: type[TrainedRun],
+    cfg: DictConfig,
+    run_dir: Path,
+    *,
+    progress: bool = True,
+    handle_signals: bool = True,
+    tensorboard: bool = True,
+    extra: dict | None = None,
+):
+    """Train (or resume, or find complete) the run of ``cfg`` in ``run_dir``.
+
+    Every check runs before anything is written (the config, an existing run's identity,
+    the resumed checkpoint against the run); then ``run_info.json`` and ``config.yaml``
+    are written and :func:`scorelib.training.train` runs under an exclusive lock on
+    ``run_dir``, saving and requeueing on a cluster's stop signals.
+
+    Several processes (``srun`` tasks, or explicit ``cluster.*`` settings) all run this:
+    data-parallel over every device of every process; process 0 alone writes
+    ``run_info.json``, ``config.yaml``, the logs and holds the lock, and all of them save
+    the checkpoints together.
+
+    Args:
+      kind: :class:`experiments.runs.ScoreRun` or :class:`experiments.runs.DistillRun`.
+      cfg: the run's composed config.
+      run_dir: its directory.
+      progress, handle_signals, tensorboard: as :func:`scorelib.training.train`.
+      extra: more fields for ``run_info.json``.
+
+    Returns:
+      ``(run, state)``: the built run and the final state.
+
+    Raises:
+      ValueError, FileNotFoundError: naming the config field, before anything is written;
+      FloatingPointError: ``non-finite loss at step N`` (``trainer.nonfinite=stop``);
+      scorelib.training.Interrupted: a signal stopped training after saving a step (after
+        a time-limit signal in a Slurm job, the job is requeued first).
+    """
+    configure_jax()
+    run_dir = Path(run_dir)
+    mesh = start_devices(cfg)
+    run = kind.build(cfg, mesh)
+    lead = jax.process_index() == 0
+    if lead:
+        run.announce()
+    check_same_run(run_dir, cfg)
+    run.check_resume(run_dir)
+    saved = saved_steps(run_dir)
+    state = run.state if saved else run.initial_state()
+    if mesh is not None:
+        state = parallel.shard(state, mesh)
+    if lead and saved and saved[-1] < cfg.trainer.steps:
+        print(f"resuming {run_dir} from step {saved[-1]} of {cfg.trainer.steps}", flush=True)
+    with exclusive(run_dir) if lead else contextlib.nullcontext():
+        if lead:
+            write_run_info(run_dir, run.saved_config(), seed=cfg.trainer.seed, extra=extra)
+        ckpt = run.checkpointer(run_dir)
+        try:
+            state = train_loop(
+                state,
+                run.step_fn,
+                num_steps=cfg.trainer.steps,
+                ckpt=ckpt,
+                log_dir=str(run_dir) if lead else None,
+                log_every=cfg.trainer.log_every,
+                nonfinite=cfg.trainer.nonfinite,
+                desc=cfg.name,
+                progress=progress and lead,
+                handle_signals=handle_signals,
+                tensorboard=tensorboard,
+            )
+        finally:
+            ckpt.close()
+    return run, state
+
+
+def train_and_sample(kind: type[TrainedRun], cfg: DictConfig, run_dir: Path) -> Path:
+    """What ``experiments.train`` and ``experiments.distill`` do: :func:`train_run`, then
+    (process 0 alone) draw the run's samples from the EMA parameters and print where they
+    are. Returns ``run_dir``."""
+    run, state = train_run(kind, cfg, run_dir)
+    if jax.process_index() == 0:
+        out = run.save_samples(state, run_dir)
+        print(f"run directory: {run_dir}\nsamples: {out}")
+    return run_dir

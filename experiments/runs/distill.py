@@ -1,0 +1,503 @@
+"""Distillation runs (``experiments.distill``): a one-step student trained from a teacher
+score source by f-divergence distillation (``scorelib.distill``).
+
+The teacher (``teacher.kind``, ``configs/distill.yaml``) is an ``experiments.train`` run
+(its EMA network; the student and the fake score start from it and the discriminator heads
+read its features), the exact score of a target (``data=target``), the Gaussian fitted to
+a data set's training split, or that split's exact (empirical) score; without a teacher
+network the student and the fake score are fresh ``model`` networks and the discriminator
+has its own backbone. What this kind adds to the lifecycle (:mod:`experiments.runs.base`):
+the teacher and the networks, the :class:`scorelib.distill.DistillState` it checkpoints
+whole, one-step sampling (``samples/step<k>/onestep_1_n<num>_seed<seed>``), and, for
+evaluation, the teacher's data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from hydra.utils import get_object
+from omegaconf import DictConfig, OmegaConf
+
+from experiments import build
+from experiments.common import unknown_key_line
+from experiments.runs.base import TrainedRun, override_keys
+from experiments.runs.layout import read_config, samples_name
+from experiments.runs.score import ScoreRun
+from scorelib import distill, parallel
+from scorelib._checks import check_int, require
+from scorelib.nets import MLP
+from scorelib.samplers import draw_samples
+from scorelib.scores import EmpiricalScore, fit_gaussian
+
+#: ``distill.*`` fields that configure networks, not ``scorelib.distill.DistillConfig``.
+NETWORK_FIELDS = ("disc_width", "backbone_width", "backbone_depth")
+BACKBONE_FIELDS = ("backbone_width", "backbone_depth")
+#: The ``sampler`` fields of a distillation run: a one-step student has no other.
+SAMPLER_FIELDS = ("num_samples", "batch_size", "seed")
+
+
+@dataclasses.dataclass(frozen=True)
+class OneStep:
+    """One-step sampling of the student: ``num_samples`` samples, drawn ``batch_size`` at a
+    time (the samples do not depend on it), example ``b`` from ``fold_in(key(seed), b)``."""
+
+    num_samples: int
+    batch_size: int
+    seed: int
+
+    @property
+    def record(self) -> dict:
+        return {"name": "onestep", "steps": 1, "num_samples": self.num_samples, "seed": self.seed}
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _fields(node) -> dict:
+    return OmegaConf.to_container(node, resolve=True) if node is not None else {}
+
+
+def distill_config(cfg: DictConfig, process) -> distill.DistillConfig:
+    """The :class:`scorelib.distill.DistillConfig` of ``cfg.distill``; null noise levels are
+    the process's (``ve_sigma`` at ``t_min`` and ``t_max``).
+
+    Raises:
+      ValueError: an unknown ``distill.<field>``, or a value out of range (naming it).
+    """
+    given = _fields(cfg.distill)
+    known = {f.name for f in dataclasses.fields(distill.DistillConfig)} | set(NETWORK_FIELDS)
+    for key in given:
+        if key not in known:
+            raise ValueError(unknown_key_line(f"distill.{key}", sorted(known), "distill"))
+    kw = {k: v for k, v in given.items() if k not in NETWORK_FIELDS and v is not None}
+    kw.setdefault("sigma_min", float(process.ve_sigma(process.t_min)))
+    kw.setdefault("sigma_max", float(process.ve_sigma(process.t_max)))
+    kw.setdefault("sigma_g", kw["sigma_max"])
+    return distill.DistillConfig(**kw)
+
+
+def _check_sections(cfg: DictConfig) -> None:
+    for key in _fields(cfg.sampler):
+        require(
+            key in SAMPLER_FIELDS,
+            f"sampler.{key}",
+            f"one of {list(SAMPLER_FIELDS)} (a distilled student samples in one step)",
+            key,
+        )
+    check_int(cfg.sampler.num_samples, "sampler.num_samples", low=1)
+    check_int(cfg.sampler.batch_size, "sampler.batch_size", low=1)
+    check_int(cfg.sampler.seed, "sampler.seed", low=0)
+    for key in _fields(cfg.optim):
+        require(
+            key in ("lr", "weight_decay", "b1", "b2"),
+            f"optim.{key}",
+            "one of lr, weight_decay, b1, b2",
+            key,
+        )
+    build.check_trainer(cfg.trainer)
+
+
+#: ``teacher.kind`` -> the ``teacher.*`` fields it uses (besides ``kind``).
+TEACHER_KINDS = {
+    "run": ("run_dir", "step", "data_shape"),
+    "target": ("data_shape",),
+    "gaussian": ("data_shape",),
+    "training_set": ("data_shape",),
+}
+TEACHER_FIELDS = ("kind", "run_dir", "step", "data_shape")
+
+
+@dataclasses.dataclass
+class Teacher:
+    """A teacher score source and the networks a distillation of it starts from."""
+
+    source: Any  # a scorelib ScoreSource
+    process: Any
+    data: build.Data
+    sigma_data: float
+    graphdef: Any  # of the student and the fake score
+    student: Any  # initial parameters of the student ...
+    fake: Any  # ... and of the fake score
+    disc: distill.Discriminator
+    teacher_net: tuple | None  # (graphdef, params) whose features feed the discriminator
+    model_cfg: dict
+    identity: dict  # what names the teacher in the checkpoint's fingerprint
+    disc_inputs: str  # e.g. "4 heads on the teacher network's features 32x32x256, ..."
+
+
+def _check_teacher_fields(cfg: DictConfig) -> str:
+    """``teacher.kind``, after refusing the ``teacher.*`` fields it does not use."""
+    tc = cfg.teacher
+    for key in _fields(tc):
+        require(key in TEACHER_FIELDS, f"teacher.{key}", f"one of {list(TEACHER_FIELDS)}", key)
+    kind = tc.get("kind")
+    require(kind in TEACHER_KINDS, "teacher.kind", f"one of {list(TEACHER_KINDS)}", kind)
+    for key in TEACHER_FIELDS[1:]:
+        if tc.get(key) is not None and key not in TEACHER_KINDS[kind]:
+            raise ValueError(
+                f"teacher.{key} is not used by teacher.kind={kind} (it uses "
+                f"{', '.join('teacher.' + k for k in TEACHER_KINDS[kind]) or 'none'}); got "
+                f"teacher.{key}={tc.get(key)}"
+            )
+    if kind == "run" and not tc.get("run_dir"):
+        raise ValueError(
+            "teacher.run_dir must be an experiments.train run with teacher.kind=run; got null "
+            "(or choose teacher.kind=target, gaussian or training_set with data=...)"
+        )
+    if tc.get("step") is not None:
+        check_int(tc.step, "teacher.step", low=0)
+    if tc.get("data_shape") is not None:
+        shape = list(tc.data_shape)
+        require(
+            len(shape) >= 1 and all(isinstance(n, int) and n >= 1 for n in shape),
+            "teacher.data_shape",
+            "null or a list of positive integers",
+            shape,
+        )
+    return kind
+
+
+def check_teacher_run(run_cfg: DictConfig, data_shape, expected, field: str) -> None:
+    """Refuse a teacher run whose data shape or model does not fit the distillation.
+
+    Args:
+      run_cfg: the teacher run's ``config.yaml``.
+      data_shape: the shape of one example of the run's data.
+      expected: ``teacher.data_shape`` (``None``: any shape).
+      field: the field that named the run (``teacher.run_dir``, ``table.teacher``).
+
+    Raises:
+      ValueError: ``<field>=<run>: ...`` naming ``teacher.data_shape`` or the run's model.
+    """
+    data_name = OmegaConf.select(run_cfg, "data.name")
+    if expected is not None and list(data_shape) != list(expected):
+        raise ValueError(
+            f"{field}: a run of data={data_name} with examples of shape {list(data_shape)}; "
+            f"teacher.data_shape={list(expected)} expects examples of shape {list(expected)}"
+        )
+    target = OmegaConf.select(run_cfg, "model._target_") or ""
+    try:
+        cls = get_object(target)
+    except Exception:  # noqa: BLE001 - Hydra raises ImportError or its own
+        cls = None
+    if not callable(getattr(cls, "features", None)):
+        raise ValueError(
+            f"{field}: its model ({target or 'none'}) has no features(x, c_noise) for the "
+            "discriminator heads; the teacher network must be a scorelib.nets MLP, LocalMLP "
+            "or UNet"
+        )
+
+
+def _refuse_groups(cfg: DictConfig, kind: str) -> None:
+    for group in ("data", "process", "model"):
+        if cfg.get(group) is not None:
+            raise ValueError(
+                f"{group}: the teacher run's {group} is used with teacher.kind={kind}; remove "
+                f"{group}= (got {group}={OmegaConf.select(cfg, group + '.name') or 'set'})"
+            )
+    for key in BACKBONE_FIELDS:
+        if cfg.distill.get(key) is not None:
+            raise ValueError(
+                f"distill.{key}: the discriminator reads the teacher network's features with "
+                f"teacher.kind={kind}, it has no backbone; set distill.{key}=null"
+            )
+
+
+def _teacher_from_run(cfg: DictConfig) -> Teacher:
+    """The EMA network of an ``experiments.train`` run; student and fake start from it."""
+    _refuse_groups(cfg, "run")
+    run_dir = Path(cfg.teacher.run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise FileNotFoundError(
+            f"teacher.run_dir={run_dir}: no config.yaml; it must be an experiments.train run"
+        )
+    run_cfg = OmegaConf.load(run_dir / "config.yaml")
+    if "distill" in run_cfg:
+        raise ValueError(
+            f"teacher.run_dir={run_dir}: an experiments.distill run; the teacher must be an "
+            "experiments.train run"
+        )
+    expected = cfg.teacher.get("data_shape")
+    check_teacher_run(
+        run_cfg, build.build_data(run_cfg).data_shape, expected, f"teacher.run_dir={run_dir}"
+    )
+    run, tstate = ScoreRun.load(run_dir, step=cfg.teacher.get("step"))
+    params = tstate.ema_params
+    graphdef, data = run.graphdef, run.data
+    x = jax.ShapeDtypeStruct((1, *data.data_shape), np.float32)
+    c = jax.ShapeDtypeStruct((1,), np.float32)
+    feats = jax.eval_shape(
+        lambda p, x, c: distill.network_features(graphdef, p, x, c), params, x, c
+    )
+    shapes = [f.shape[1:] for f in feats]
+    disc = distill.Discriminator(
+        shapes, cfg.distill.disc_width, rngs=nnx.Rngs(cfg.trainer.seed + 1)
+    )
+    return Teacher(
+        source=run.source(params),
+        process=run.process,
+        data=data,
+        sigma_data=float(run.cfg.data.sigma_data),
+        graphdef=graphdef,
+        student=params,
+        fake=params,
+        disc=disc,
+        teacher_net=(graphdef, params),
+        model_cfg=_fields(run.cfg.model),
+        identity={
+            "teacher": str(run_dir.resolve()),
+            "teacher_step": cfg.teacher.get("step"),
+        },
+        disc_inputs=_heads_on("the teacher network's", shapes),
+    )
+
+
+def _heads_on(whose: str, shapes) -> str:
+    """``'3 heads on the teacher network's features 32x32x8, 16x16x16, 8x8x16'``."""
+    heads = f"{len(shapes)} head{'s' if len(shapes) > 1 else ''}"
+    return f"{heads} on {whose} features " + ", ".join("x".join(map(str, s)) for s in shapes)
+
+
+def _teacher_without_network(cfg: DictConfig, kind: str) -> Teacher:
+    """An analytic or exact teacher (``kind`` target, gaussian or training_set): fresh
+    ``model`` networks for the student and the fake score, a discriminator with its own
+    MLP backbone (``distill.backbone_*``)."""
+    seed = cfg.trainer.seed
+    for group in ("data", "process", "model"):
+        if cfg.get(group) is None:
+            raise ValueError(f"{group} is required with teacher.kind={kind}: give {group}=<option>")
+    is_target = cfg.data.get("name") == "target"
+    if kind == "target" and not is_target:
+        raise ValueError(
+            "data must be target with teacher.kind=target (the exact score of a target "
+            f"distribution); got data={cfg.data.get('name')}"
+        )
+    process = build.build_process(cfg)
+    data = build.build_data(cfg)
+    if kind == "target":
+        source = data.target.noisy_score(process)
+        identity = {"teacher": _fields(cfg.data.target)}
+    else:
+        if data.images is None:
+            raise ValueError(
+                f"data must be a data set with a training split (digits, mnist, npz) with "
+                f"teacher.kind={kind}: it is fitted to the training images; got "
+                f"data={cfg.data.get('name')}"
+            )
+        train = data.images.train
+        if kind == "gaussian":
+            source = fit_gaussian(process, train)
+        else:
+            source = EmpiricalScore.create(process, train)
+        identity = {"teacher": kind, "data": _fields(cfg.data)}
+    expected = cfg.teacher.get("data_shape")
+    if expected is not None and list(data.data_shape) != list(expected):
+        raise ValueError(
+            f"data: examples of shape {list(data.data_shape)}; teacher.data_shape="
+            f"{list(expected)} expects examples of shape {list(expected)}"
+        )
+    graphdef, student = nnx.split(build.build_model(cfg, data.data_shape, seed), nnx.Param)
+    fake = nnx.split(build.build_model(cfg, data.data_shape, seed + 1), nnx.Param)[1]
+    width = check_int(cfg.distill.backbone_width, "distill.backbone_width", low=1)
+    depth = check_int(cfg.distill.backbone_depth, "distill.backbone_depth", low=1)
+    backbone = MLP(data.data_shape, width=width, depth=depth, rngs=nnx.Rngs(seed + 2))
+    disc = distill.Discriminator(
+        [(width,)] * depth, cfg.distill.disc_width, backbone, rngs=nnx.Rngs(seed + 1)
+    )
+    return Teacher(
+        source=source,
+        process=process,
+        data=data,
+        sigma_data=float(cfg.data.sigma_data),
+        graphdef=graphdef,
+        student=student,
+        fake=fake,
+        disc=disc,
+        teacher_net=None,
+        model_cfg=_fields(cfg.model),
+        identity=identity,
+        disc_inputs=_heads_on("its MLP backbone's", [(width,)] * depth),
+    )
+
+
+def build_teacher(cfg: DictConfig) -> Teacher:
+    """The :class:`Teacher` of ``cfg.teacher`` (``teacher.kind``: run, target, gaussian,
+    training_set; see ``configs/distill.yaml``).
+
+    Raises:
+      ValueError, FileNotFoundError: naming the config field, before any compute.
+    """
+    kind = _check_teacher_fields(cfg)
+    if kind == "run":
+        return _teacher_from_run(cfg)
+    return _teacher_without_network(cfg, kind)
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@dataclasses.dataclass
+class DistillRun(TrainedRun):
+    """Everything a distillation is made of, built and validated from its config.
+
+    ``run.sampling`` is its :class:`OneStep`; ``run.teacher`` the teacher score source;
+    ``run.nets`` the networks' graph definitions; ``run.dcfg`` the
+    :class:`scorelib.distill.DistillConfig`.
+    """
+
+    teacher: Any  # a scorelib ScoreSource
+    process: Any
+    sigma_data: float
+    nets: distill.Networks
+    dcfg: distill.DistillConfig
+    sampling: OneStep
+    disc_inputs: str = ""  # what the discriminator heads read (printed at the start)
+
+    writer = "experiments.distill"
+
+    @classmethod
+    def build(cls, cfg: DictConfig, mesh=None) -> DistillRun:
+        """Build every object of the distillation; every config error surfaces here.
+
+        With a ``mesh`` (``scorelib.parallel.make_mesh``) the step is data-parallel: the
+        state, the teacher and the training images are replicated on every device, and
+        each step's per-example draws and real batch are split along the mesh's ``data``
+        axis (``scorelib.distill.make_distill_step``'s ``batch_sharding``).
+
+        Raises:
+          ValueError, FileNotFoundError: naming the config field (``trainer.batch_size``
+            not a multiple of the number of devices, too).
+        """
+        _check_sections(cfg)
+        tc = cfg.trainer
+        seed = tc.seed
+        if mesh is not None:
+            parallel.check_batch_size(tc.batch_size, mesh)
+        t = build_teacher(cfg)
+        dcfg = distill_config(cfg, t.process)
+        disc_graphdef, disc_params = nnx.split(t.disc, nnx.Param)
+        oc = cfg.optim
+        opts = {
+            k: distill.make_optimizer(oc.lr, oc.weight_decay, oc.b1, oc.b2) for k in distill.PARTS
+        }
+        params = {"student": t.student, "fake": t.fake, "disc": disc_params}
+        state = distill.init_distill_state(params, opts, dcfg, seed)
+        source, teacher_net = t.source, t.teacher_net
+        if mesh is not None:
+            state, source = parallel.shard(state, mesh), parallel.shard(source, mesh)
+            if teacher_net is not None:
+                teacher_net = (teacher_net[0], parallel.shard(teacher_net[1], mesh))
+        nets = distill.Networks(t.graphdef, disc_graphdef, teacher_net, t.sigma_data)
+        step_fn = distill.make_distill_step(
+            source,
+            nets,
+            dcfg,
+            opts,
+            build.make_ema(tc),
+            t.data.batch_fn(tc.batch_size, seed, mesh),
+            tc.batch_size,
+            t.data.data_shape,
+            batch_sharding=None if mesh is None else parallel.batch_sharding(mesh),
+        )
+        fingerprint = {
+            "model": t.model_cfg,
+            "data_shape": list(t.data.data_shape),
+            **t.identity,
+            "distill": _fields(cfg.distill),
+        }
+        return cls(
+            cfg=cfg,
+            data=t.data,
+            state=state,
+            step_fn=step_fn,
+            fingerprint=fingerprint,
+            teacher=source,
+            process=t.process,
+            sigma_data=t.sigma_data,
+            nets=nets,
+            dcfg=dcfg,
+            sampling=cls.sampling_of(cfg),
+            disc_inputs=t.disc_inputs,
+        )
+
+    def announce(self) -> None:
+        print(f"discriminator: {self.disc_inputs}", flush=True)
+
+    def sample_params(self, state, use_ema: bool):
+        return state.ema_params if use_ema else state.params["student"]
+
+    def sample(self, params, num_samples: int, seed: int, batch_size: int, *, progress=False):
+        """``(x [num_samples, *data_shape], info)``: one-step samples of the generator
+        ``params`` (:func:`scorelib.distill.one_step_sampler`); example ``b`` draws its
+        noise from ``fold_in(key(seed), b)``, so the samples do not depend on
+        ``batch_size``."""
+        sample = distill.one_step_sampler(self.nets.model, self.dcfg.sigma_g, self.sigma_data)
+        return draw_samples(
+            sample,
+            params,
+            jax.random.key(seed),
+            self.data.data_shape,
+            num_samples=num_samples,
+            batch_size=batch_size,
+            progress=progress,
+            desc="sampling (one step)",
+        )
+
+    def draw(self, params, *, progress: bool = True):
+        s = self.sampling
+        return self.sample(params, s.num_samples, s.seed, s.batch_size, progress=progress)
+
+    def title(self, run_dir: Path, step: int, info: dict, use_ema: bool) -> str:
+        return (
+            f"{self.cfg.name}: {distill.describe(self.dcfg.divergence)} student, NFE 1, step {step}"
+        )
+
+    @classmethod
+    def samples_name(cls, sampling: OneStep, use_ema: bool = True) -> str:
+        """``onestep_1_n<num>_seed<seed>[+use_ema-false]``."""
+        return samples_name(
+            "onestep_1", num_samples=sampling.num_samples, seed=sampling.seed, use_ema=use_ema
+        )
+
+    @classmethod
+    def sampling_of(cls, cfg: DictConfig) -> OneStep:
+        sc = cfg.sampler
+        return OneStep(
+            num_samples=check_int(sc.num_samples, "sampler.num_samples", low=1),
+            batch_size=check_int(sc.batch_size, "sampler.batch_size", low=1),
+            seed=check_int(sc.seed, "sampler.seed", low=0),
+        )
+
+    @classmethod
+    def sampler_config(cls, cmd: DictConfig, run_cfg: DictConfig, overrides: list[str]):
+        """The run's ``sampler`` (``num_samples``, ``batch_size``, ``seed``) with those the
+        command line gives on top.
+
+        Raises:
+          ValueError: another ``sampler`` option or a ``sampler=<name>`` given.
+        """
+        for key in override_keys(overrides):
+            if key.startswith("sampler") and key.split(".", 1)[-1] not in SAMPLER_FIELDS:
+                raise ValueError(
+                    f"{key}: a distilled student samples in one step; only "
+                    "sampler.num_samples, sampler.batch_size and sampler.seed apply; got "
+                    f"{next(o for o in overrides if key in o)}"
+                )
+        given = {k: cmd.sampler.get(k) for k in SAMPLER_FIELDS}
+        return OmegaConf.create(
+            {k: run_cfg.sampler[k] if v is None else v for k, v in given.items()}
+        )
+
+    @classmethod
+    def data_config(cls, run_cfg: DictConfig) -> DictConfig:
+        """The teacher run's data and process (or the run's own, without a teacher run)."""
+        src = run_cfg
+        if run_cfg.teacher.get("run_dir"):
+            src = read_config(run_cfg.teacher.run_dir)
+        return OmegaConf.create({"name": run_cfg.name, "data": src.data, "process": src.process})

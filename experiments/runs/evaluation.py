@@ -1,0 +1,437 @@
+"""Evaluating a run's samples: every metric beside its floor and a baseline, written as
+``eval.json`` and ``eval.md`` beside the samples.
+
+Images (digits, MNIST subset), after clipping and quantising the samples to the data's
+grey levels: FD in classifier features, the classifier two-sample test and precision/recall
+(pixels and classifier features) against the test split, each beside its floor (training
+images, same sizes) and a Gaussian-fit baseline; bits/dim of the test images under the
+run's model (when it has a score); the memorisation statistics beside those of the test
+images. 2-D data and targets: energy distance and sliced W2 to fresh target samples,
+beside those of the prior. The metrics are library functions (``scorelib.metrics``); this
+module composes and reports them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+from pathlib import Path
+
+import jax
+import numpy as np
+from tqdm.auto import tqdm
+
+from experiments.build import Data
+from experiments.runs.layout import count_nonfinite
+from scorelib._checks import check_int
+from scorelib._io import atomic_write_text
+from scorelib.data.images import quantise
+from scorelib.metrics import (
+    FeatureExtractor,
+    bits_per_dim,
+    c2st,
+    dequantise,
+    energy_distance,
+    fd_features,
+    fd_floor,
+    memorisation_stats,
+    mnist_subset_config,
+    precision_recall,
+    sample_distances,
+)
+from scorelib.metrics.baselines import gaussian_baseline
+from scorelib.metrics.classifier import ClassifierConfig, default_cache_dir
+from scorelib.scores.gaussian_fit import fit_gaussian
+
+CLASSIFIERS = {"digits": ClassifierConfig, "mnist": mnist_subset_config}
+MIN_TWO_SAMPLE = 10  # fewest samples for 5-fold C2ST and k = 3 precision/recall
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def check_finite(samples) -> None:
+    """Raise ValueError naming how many of ``samples: [n, ...]`` hold a NaN or inf."""
+    bad = count_nonfinite(samples)
+    if bad:
+        raise ValueError(
+            f"{bad} of {len(samples)} samples are not finite (their trajectories diverged): "
+            "no distance is defined; inspect samples.npz or sample with another sampler"
+        )
+
+
+@contextlib.contextmanager
+def _stages(total: int, progress: bool):
+    """A tqdm bar over the named stages of an evaluation: ``advance(name)`` starts one."""
+    bar = tqdm(total=total, desc="evaluating", disable=not progress, dynamic_ncols=True)
+    started = []  # a disabled bar keeps no postfix to tell the first stage by
+
+    def advance(name: str) -> None:
+        if started:
+            bar.update(1)
+        started.append(name)
+        bar.set_postfix_str(name)
+
+    with bar:
+        yield advance
+        bar.update(total - bar.n)
+
+
+def _two_sample_rows(sets, ref, ref_feats, feats, *, seed: int) -> dict:
+    """C2ST accuracy and precision/recall of each named set against the reference, in
+    pixels and in classifier features: ``{row: {metric: value}}`` for one draw."""
+    out = {}
+    for row, x in sets.items():
+        px, ft = c2st(x, ref, seed=seed), c2st(feats[row], ref_feats, seed=seed)
+        pr_px, pr_ft = precision_recall(ref, x), precision_recall(ref_feats, feats[row])
+        out[row] = {
+            "c2st_pixels": px["accuracy"],
+            "c2st_pixels_se": px["se"],
+            "c2st_features": ft["accuracy"],
+            "precision_pixels": pr_px["precision"],
+            "recall_pixels": pr_px["recall"],
+            "precision_features": pr_ft["precision"],
+            "recall_features": pr_ft["recall"],
+        }
+    return out
+
+
+def evaluate_images(
+    samples,
+    dataset,
+    data_name: str,
+    *,
+    seed: int = 0,
+    cache_dir=None,
+    floor_draws: int = 20,
+    two_sample_draws: int = 3,
+    source=None,
+    progress: bool = False,
+) -> dict:
+    """Every image metric of ``samples`` against the test split, each beside its floor and
+    the Gaussian-fit baseline: FD, the classifier two-sample test, precision/recall,
+    bits/dim (with ``source``) and memorisation.
+
+    Samples are first clipped and quantised to the data's own grey levels
+    (:func:`scorelib.data.images.quantise` with ``dataset.levels``), as saving them would;
+    so is the Gaussian baseline.
+
+    * FD: the floor is the FD of ``n`` i.i.d. draws (with replacement) of training images,
+      what a sampler that reproduced the training distribution exactly would get with the
+      same number of samples; its spread over ``floor_draws`` draws is the sampling noise of
+      an FD at this ``n``. FD has a finite-sample bias of order ``tr(cov) / n``: use
+      thousands of samples (the digits preset draws 10,000).
+    * C2ST (:func:`scorelib.metrics.c2st`, 5-fold, the default classifier) and
+      precision/recall (:func:`scorelib.metrics.precision_recall`, k = 3) compare ``m``
+      images with the ``m`` test images (``m`` the test size, or ``n`` if smaller), in pixels
+      and in classifier features. Rows: ``two_sample_draws`` disjoint slices of the samples;
+      as many draws of ``m`` training images without replacement (the floor); slices of the
+      Gaussian baseline. Mean and std over the draws (fewer draws when ``n`` is short).
+    * Bits/dim of the test images under ``source``'s PF-ODE
+      (:func:`scorelib.metrics.bits_per_dim`, uniform dequantisation, Hutchinson with
+      ``BPD_OPTIONS``), beside a Gaussian fitted to the dequantised training images (through
+      the same ODE) and the uniform distribution over the levels (``log2 levels``).
+
+    Args:
+      samples: ``[n, H, W, C]`` in ``[-1, 1]``.
+      dataset: the run's ``ImageDataset`` (train and test splits, ``levels``).
+      data_name: ``'digits'`` or ``'mnist'`` (which cached classifier gives the features).
+      seed: seed of the floor and baseline draws, the folds and the likelihood keys.
+      floor_draws: number of FD floor draws (>= 1).
+      two_sample_draws: number of C2ST / precision-recall draws per row (>= 1).
+      source: the model's score source; ``None`` leaves bits/dim out.
+      progress: a tqdm bar over the stages.
+
+    Returns:
+      dict with ``fd`` (samples vs test), ``fd_floor`` and ``fd_floor_std`` (mean and std
+      over the draws), ``fd_train_all`` (all training images vs test: the floor as
+      ``n`` grows), ``fd_gaussian`` (``n`` draws of a Gaussian fit to train vs test),
+      ``n``; ``two_sample_n``, ``two_sample_draws`` and, for each row ``samples``/``floor``/
+      ``gaussian`` and metric ``c2st_pixels``/``c2st_features``/``precision_pixels``/
+      ``recall_pixels``/``precision_features``/``recall_features``, ``<metric>_<row>`` and
+      ``<metric>_<row>_std`` (also ``c2st_pixels_se``, the C2ST's own standard error); with
+      ``source``: ``bpd_n``, ``bpd``, ``bpd_se``, ``bpd_gaussian``, ``bpd_uniform``,
+      ``bpd_options``; and the memorisation statistics of the samples and of the test split.
+
+    Raises:
+      ValueError: for a ``data_name`` without a bundled classifier, non-finite samples, or
+        fewer than ``MIN_TWO_SAMPLE`` samples.
+    """
+    check_finite(samples)
+    if data_name not in CLASSIFIERS:
+        raise ValueError(
+            f"FD needs a bundled classifier: data.name must be one of {list(CLASSIFIERS)}"
+        )
+    two_sample_draws = check_int(two_sample_draws, "two_sample_draws", low=1)
+    if samples.shape[0] < MIN_TWO_SAMPLE:
+        raise ValueError(
+            f"the two-sample test and precision/recall need at least {MIN_TWO_SAMPLE} samples "
+            f"(5 folds, 3 neighbours); got {samples.shape[0]}: draw more (sampler.num_samples)"
+        )
+    samples = quantise(samples, dataset.levels)
+    with _stages(7 if source is not None else 6, progress) as stage:
+        stage("classifier")
+        cache = cache_dir or default_cache_dir(os.environ)
+        ext = FeatureExtractor.load_or_train(CLASSIFIERS[data_name](), cache)
+        n = samples.shape[0]
+        stage("features")
+        train_feats, test_feats = ext.features(dataset.train), ext.features(dataset.test)
+        sample_feats = ext.features(samples)
+        stage("FD floor")
+        floor, floor_std = fd_floor(train_feats, test_feats, n, draws=floor_draws, seed=seed)
+        stage("Gaussian baseline")
+        gauss = quantise(gaussian_baseline(dataset.train, n, seed=seed), dataset.levels)
+        gauss_feats = ext.features(gauss)
+        out = {
+            "n": int(n),
+            "fd": fd_features(sample_feats, test_feats),
+            "fd_floor": floor,
+            "fd_floor_std": floor_std,
+            "fd_floor_draws": int(floor_draws),
+            "fd_train_all": fd_features(train_feats, test_feats),
+            "n_train": int(dataset.train.shape[0]),
+            "fd_gaussian": fd_features(gauss_feats, test_feats),
+            "classifier_test_accuracy": float(ext.info.get("test_accuracy", float("nan"))),
+            "levels": int(dataset.levels),
+        }
+        stage("two-sample tests")
+        out.update(
+            _two_sample(
+                samples,
+                gauss,
+                dataset,
+                (sample_feats, gauss_feats, train_feats),
+                test_feats,
+                seed=seed,
+                draws=two_sample_draws,
+            )
+        )
+        if source is not None:
+            stage("bits/dim")
+            out.update(_likelihoods(source, dataset, seed=seed))
+        stage("memorisation")
+        mem = memorisation_stats(samples, dataset.train, reference=dataset.test)
+    out.update({f"mem_{k}": v for k, v in mem.items()})
+    return out
+
+
+def _two_sample(samples, gauss, dataset, feats, test_feats, *, seed, draws) -> dict:
+    """The C2ST and precision/recall rows of :func:`evaluate_images`."""
+    sample_feats, gauss_feats, train_feats = feats
+    n, m_test = samples.shape[0], dataset.test.shape[0]
+    m = min(n, m_test)
+    draws = max(1, min(draws, n // m))
+    rng = np.random.default_rng(seed)
+    ref_idx = np.arange(m_test) if m == m_test else rng.choice(m_test, m, replace=False)
+    ref, ref_feats = dataset.test[ref_idx], test_feats[ref_idx]
+    per_draw = []
+    for i in range(draws):
+        sl = slice(i * m, (i + 1) * m)
+        tr = rng.choice(dataset.train.shape[0], m, replace=False)
+        sets = {"samples": samples[sl], "floor": dataset.train[tr], "gaussian": gauss[sl]}
+        feats_i = {
+            "samples": sample_feats[sl],
+            "floor": train_feats[tr],
+            "gaussian": gauss_feats[sl],
+        }
+        per_draw.append(_two_sample_rows(sets, ref, ref_feats, feats_i, seed=seed + i))
+    out = {"two_sample_n": int(m), "two_sample_draws": int(draws)}
+    for row, metrics in per_draw[0].items():
+        for metric in metrics:
+            values = [d[row][metric] for d in per_draw]
+            out[f"{metric}_{row}"] = float(np.mean(values))
+            if not metric.endswith("_se"):
+                out[f"{metric}_{row}_std"] = float(np.std(values))
+    return out
+
+
+#: How bits/dim are computed in the evaluation: one Rademacher probe per image (the mean over
+#: the test images averages the probes out) and a modest tolerance; see BPD_OPTIONS in README.
+BPD_OPTIONS = {"divergence": "hutchinson", "probes": 1, "rtol": 1e-3, "atol": 1e-3}
+
+
+def _likelihoods(source, dataset, *, seed: int) -> dict:
+    """Bits/dim of the test images under ``source`` and under a Gaussian fitted to the
+    dequantised training images (same ODE, same keys), and ``log2 levels``."""
+    key = jax.random.key(seed)
+    levels = dataset.levels
+    bpd, _ = bits_per_dim(source, dataset.test, key, levels=levels, **BPD_OPTIONS)
+    deq_train = dequantise(dataset.train, jax.random.fold_in(key, 1), levels=levels)
+    gauss = fit_gaussian(source.process, np.asarray(deq_train))
+    bpd_g, _ = bits_per_dim(gauss, dataset.test, key, levels=levels, **BPD_OPTIONS)
+    bpd = np.asarray(bpd, np.float64)
+    return {
+        "bpd_n": int(bpd.size),
+        "bpd": float(bpd.mean()),
+        "bpd_se": float(bpd.std(ddof=1) / math.sqrt(bpd.size)),
+        "bpd_gaussian": float(np.mean(np.asarray(bpd_g, np.float64))),
+        "bpd_uniform": math.log2(levels),
+        "bpd_options": dict(BPD_OPTIONS),
+    }
+
+
+def evaluate_points(samples, reference, *, seed: int = 0, prior=None) -> dict:
+    """Energy distance and sliced W2 of ``samples: [n, d]`` to ``reference: [m, d]``.
+
+    With ``prior`` (draws of the process's prior), its energy distance is reported beside.
+
+    Raises:
+      ValueError: for non-finite samples.
+    """
+    check_finite(samples)
+    d = sample_distances(samples, reference, seed=seed)
+    out = {"energy_distance": d["energy"], "sliced_w2": d["sw2"]}
+    if prior is not None:
+        out["energy_distance_prior"] = energy_distance(prior, reference)
+    return out
+
+
+def format_image_table(r: dict, name: str) -> str:
+    """Markdown tables of :func:`evaluate_images`'s result."""
+    n = f"{r['n']:,}"
+    lines = [
+        f"| {n} images | FD_{name} vs test (lower is better) | mean NN distance to train |",
+        "|---|---|---|",
+        f"| samples | {r['fd']:.2f} | {r['mem_sample_nn_mean']:.3f} |",
+        f"| training images, {n} i.i.d. draws (floor; mean +- std of {r['fd_floor_draws']}) "
+        f"| {r['fd_floor']:.2f} +- {r['fd_floor_std']:.2f} | |",
+        f"| Gaussian fit to train, {n} draws (baseline) | {r['fd_gaussian']:.2f} | |",
+        f"| test images (reference) | 0 | {r['mem_reference_nn_mean']:.3f} |",
+        "",
+        f"FD ratio samples/floor: {r['fd'] / r['fd_floor']:.2f}; baseline/samples: "
+        f"{r['fd_gaussian'] / r['fd']:.1f}x. All {r['n_train']:,} training images vs test "
+        f"(the floor as n grows): {r['fd_train_all']:.2f}. NN-distance ratio samples/test: "
+        f"{r['mem_nn_mean_ratio']:.2f} (well below 1 means copying); copy rate "
+        f"{r['mem_copy_rate']:.3f} vs test {r['mem_reference_copy_rate']:.3f}.",
+    ]
+    if "two_sample_n" in r:
+        m, k = f"{r['two_sample_n']:,}", r["two_sample_draws"]
+
+        def cell(metric, row):
+            v, sd = r[f"{metric}_{row}"], r[f"{metric}_{row}_std"]
+            return f"{v:.2f} +- {sd:.2f}" if k > 1 else f"{v:.2f}"
+
+        def pr(space, row):
+            return f"{cell('precision_' + space, row)} / {cell('recall_' + space, row)}"
+
+        rows = [
+            ("samples", "samples"),
+            (f"training images, {m} (floor)", "floor"),
+            (f"Gaussian fit to train, {m} (baseline)", "gaussian"),
+        ]
+        lines += [
+            "",
+            f"| {m} images vs the {m} test images (mean +- std of {k} draws) | C2ST pixels "
+            "| C2ST features | precision / recall, pixels | precision / recall, features |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {label} | {cell('c2st_pixels', row)} | {cell('c2st_features', row)} "
+            f"| {pr('pixels', row)} | {pr('features', row)} |"
+            for label, row in rows
+        ]
+        lines += [
+            "",
+            f"C2ST: cross-validated accuracy of a classifier telling the set from the test "
+            f"images (0.5: indistinguishable; standard error of one draw at the floor: "
+            f"{r['c2st_pixels_se_floor']:.3f}), after quantising to the data's "
+            f"{r['levels']} levels. Precision/recall: k-NN manifolds, k = 3.",
+        ]
+    if "bpd" in r:
+        o = r["bpd_options"]
+        lines += [
+            "",
+            f"| bits/dim of the {r['bpd_n']:,} test images (lower is better) | |",
+            "|---|---|",
+            f"| model (PF-ODE, {o['divergence']} {o['probes']} probe, rtol {o['rtol']:g}; "
+            f"mean +- s.e.) | {r['bpd']:.2f} +- {r['bpd_se']:.2f} |",
+            f"| Gaussian fit to the dequantised training images | {r['bpd_gaussian']:.2f} |",
+            f"| uniform over the {r['levels']} levels | {r['bpd_uniform']:.2f} |",
+        ]
+    return "\n".join(lines)
+
+
+def format_points_table(r: dict) -> str:
+    """A markdown table of :func:`evaluate_points`'s result (with the prior's row)."""
+    return (
+        "| | energy distance to target | sliced W2 |\n|---|---|---|\n"
+        f"| samples | {r['energy_distance']:.4f} | {r['sliced_w2']:.4f} |\n"
+        f"| prior draws | {r['energy_distance_prior']:.4f} | |"
+    )
+
+
+def load_samples(path: Path) -> np.ndarray:
+    """The ``samples`` array of a ``.npz``.
+
+    Raises:
+      ValueError: naming ``samples=`` when the file is not a ``.npz`` with a ``samples`` array.
+    """
+    try:
+        with np.load(path) as z:
+            if "samples" not in z.files:
+                raise ValueError(
+                    f"samples={path} must hold an array named 'samples' (as experiments.sample "
+                    f"writes); it holds {z.files}"
+                )
+            return z["samples"]
+    except (OSError, EOFError) as e:
+        raise ValueError(f"samples={path} must be a .npz file: {e}") from e
+
+
+def evaluate_and_write(
+    samples: np.ndarray,
+    data: Data,
+    out_dir: Path,
+    *,
+    seed: int = 0,
+    cache_dir=None,
+    source=None,
+    prior=None,
+    title: str = "",
+    extra: dict | None = None,
+) -> dict:
+    """Evaluate ``samples`` against ``data`` (:func:`evaluate_images` for image data,
+    :func:`evaluate_points` against ``data.reference`` otherwise), write ``eval.json`` and
+    ``eval.md`` into ``out_dir`` and print the table under ``title``.
+
+    Args:
+      samples: ``[n, *data_shape]``.
+      data: the run's data (``experiments.build.Data``).
+      out_dir: the samples' directory.
+      seed: seed of the floors, baselines, folds and likelihood keys.
+      cache_dir: the feature classifiers' cache (default ``$SCORELIB_CACHE`` or
+        ``~/.cache/scorelib``).
+      source: the run's score source for bits/dim, or ``None``.
+      prior: ``[n, *data_shape]`` draws of the process's prior (2-D data: their energy
+        distance is the baseline row).
+      title: printed above the table.
+      extra: more fields for ``eval.json`` (e.g. the samples' path).
+
+    Returns:
+      the result dict (also in ``eval.json``).
+
+    Raises:
+      ValueError: as :func:`evaluate_images` / :func:`evaluate_points`.
+    """
+    if data.images is not None:
+        result = evaluate_images(
+            samples,
+            data.images,
+            data.name,
+            seed=seed,
+            cache_dir=cache_dir,
+            source=source,
+            progress=True,
+        )
+        table = format_image_table(result, data.name)
+    else:
+        ref = data.reference(samples.shape[0], seed=seed + 1)
+        result = evaluate_points(samples, ref, seed=seed, prior=prior)
+        table = format_points_table(result)
+    result.update(extra or {})
+    atomic_write_text(Path(out_dir) / "eval.json", json.dumps(result, indent=2))
+    atomic_write_text(Path(out_dir) / "eval.md", table + "\n")
+    print(f"\n{title}\n\n{table}\n")
+    return result

@@ -1,0 +1,303 @@
+"""Score training runs (``experiments.train``): an EDM-preconditioned network trained with
+an objective on a process, sampled with any registered sampler.
+
+What this kind adds to the lifecycle (:mod:`experiments.runs.base`): building the
+process, data, objective, network, optimizer and sampler from the config; the
+fingerprint a checkpoint must match (the model config and the data shape);
+``init_from`` (start from another run's EMA weights); the run's own sampler (what
+``experiments.sample`` draws with unless told otherwise).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import jax
+from omegaconf import DictConfig, OmegaConf
+
+from experiments import schema
+from experiments.build import (
+    Sampling,
+    build_data,
+    build_model,
+    build_objective,
+    build_process,
+    build_sampler,
+    check_trainer,
+    make_ema,
+    to_container,
+)
+from experiments.runs.base import TrainedRun, override_keys
+from experiments.runs.layout import display_path, samples_name, saved_steps
+from scorelib import parallel, training
+from scorelib._checks import check_real
+from scorelib.samplers import draw_samples
+
+
+def model_fingerprint(cfg: DictConfig, data_shape) -> dict:
+    """What must match between a checkpoint and the model it is restored into."""
+    return {"model": to_container(cfg.model), "data_shape": list(data_shape)}
+
+
+def parse_init_from(value: str) -> tuple[Path, int | None]:
+    """``'<run_dir>'`` or ``'<run_dir>@<step>'`` -> ``(run_dir, step or None)``."""
+    head, sep, tail = str(value).rpartition("@")
+    if sep and tail.isdigit():
+        return Path(head), int(tail)
+    return Path(value), None
+
+
+def check_sampler(sampling: Sampling, source, data_shape) -> None:
+    """Run the sampler's argument checks (and trace it once, without compiling or computing)."""
+    jax.eval_shape(lambda: sampling(source, jax.random.key(0), (1, *data_shape))[0])
+
+
+@dataclasses.dataclass
+class ScoreRun(TrainedRun):
+    """Everything a score training run is made of, built and validated from its config.
+
+    ``run.source(params)`` is the network's score source (a
+    :class:`scorelib.scores.NetworkScore`); ``run.process``, ``run.data``, ``run.sampling``
+    the run's process, data and sampler.
+    """
+
+    process: Any
+    graphdef: Any
+    sampling: Sampling
+    optimizer: Any
+
+    def source(self, params):
+        """The score source of the network with ``params`` (e.g. the EMA parameters)."""
+        return training.network_source(self.process, self.graphdef, self.cfg.data.sigma_data)(
+            params, None
+        )
+
+    @classmethod
+    def build(cls, cfg: DictConfig, mesh=None) -> ScoreRun:
+        """Build every object of the run; every config error surfaces here, before compiling.
+
+        With a ``mesh`` (``scorelib.parallel.make_mesh``) the train step is data-parallel:
+        ``trainer.batch_size`` is the global batch (a multiple of the device count), split
+        along the mesh's ``data`` axis; the state is replicated on every device.
+
+        Raises:
+          ValueError, FileNotFoundError: naming the config field.
+        """
+        tc = cfg.trainer
+        check_trainer(tc)
+        if mesh is not None:
+            parallel.check_batch_size(tc.batch_size, mesh)
+        check_real(cfg.data.sigma_data, "data.sigma_data", low=0.0, low_open=True, high_open=True)
+        process = build_process(cfg)
+        data = build_data(cfg)
+        objective = build_objective(cfg, process, data)
+        sampling = build_sampler(cfg, process)
+        model = build_model(cfg, data.data_shape, tc.seed)
+        oc = cfg.optim
+        optimizer = training.make_optimizer(
+            oc.lr, oc.warmup_steps, oc.grad_clip, oc.b1, oc.b2, oc.eps
+        )
+        graphdef, state = training.init_state(model, optimizer, tc.seed)
+        if mesh is not None:
+            state = parallel.shard(state, mesh)
+        dropout = float(cfg.model.get("dropout") or 0.0) > 0
+        make_source = training.network_source(
+            process, graphdef, cfg.data.sigma_data, dropout=dropout
+        )
+        step_fn = training.make_train_step(
+            objective,
+            make_source,
+            optimizer,
+            make_ema(tc),
+            data.batch_fn(tc.batch_size, tc.seed, mesh),
+            lr_schedule=training.warmup_schedule(oc.lr, oc.warmup_steps),
+            batch_sharding=None if mesh is None else parallel.batch_sharding(mesh),
+        )
+        run = cls(
+            cfg=cfg,
+            data=data,
+            state=state,
+            step_fn=step_fn,
+            fingerprint=model_fingerprint(cfg, data.data_shape),
+            process=process,
+            graphdef=graphdef,
+            sampling=sampling,
+            optimizer=optimizer,
+        )
+        check_sampler(sampling, run.source(state.params), data.data_shape)
+        return run
+
+    def initial_state(self) -> training.TrainState:
+        """The fresh state, with params and EMA params from ``init_from``'s checkpoint
+        (its EMA parameters for both) when given; the optimizer state and step stay new.
+
+        Raises:
+          FileNotFoundError: no such run or checkpoint.
+          ValueError: the other run's model config differs (naming the fields).
+        """
+        init_from = self.cfg.get("init_from")
+        if not init_from:
+            return self.state
+        src, step = parse_init_from(init_from)
+        steps = saved_steps(src)
+        if not steps:
+            raise FileNotFoundError(
+                f"init_from={init_from}: no checkpoint in {src / 'checkpoints'}"
+            )
+        if step is not None and step not in steps:
+            raise FileNotFoundError(
+                f"init_from={init_from}: no checkpoint at step {step}; have {steps}"
+            )
+        step = steps[-1] if step is None else step
+        got = training.restore_params(
+            src / "checkpoints", self.state, step=step, expected_fingerprint=self.fingerprint
+        )
+        ema = got.ema_params
+        copy = lambda tree: jax.tree.map(lambda x: x.copy(), tree)  # noqa: E731
+        return self.state.replace(params=copy(ema), ema_params=copy(ema))
+
+    def saved_config(self) -> DictConfig:
+        """``cfg`` resolved, without the grid options that are not set (they are not used)."""
+        tree = OmegaConf.to_container(self.cfg, resolve=True)
+        tree["sampler"] = {
+            k: v for k, v in tree["sampler"].items() if not (k in schema.GRID_FIELDS and v is None)
+        }
+        return OmegaConf.create(tree)
+
+    def sample_params(self, state, use_ema: bool):
+        return state.ema_params if use_ema else state.params
+
+    def draw(self, params, *, progress: bool = True):
+        """Samples of the network ``params`` with the run's sampler; each batch is split
+        over this process's devices (``draw_samples(devices=...)``)."""
+        x, info = draw_samples(
+            self.sampling,
+            self.source(params),
+            jax.random.key(self.cfg.sampler.seed),
+            self.data.data_shape,
+            num_samples=self.cfg.sampler.num_samples,
+            batch_size=self.cfg.sampler.batch_size,
+            progress=progress,
+            desc=f"sampling ({self.sampling.name})",
+            devices=jax.local_devices(),
+        )
+        return x, {"grid_ve_sigma": [float(s) for s in self.sampling.grid], **info}
+
+    def title(self, run_dir: Path, step: int, info: dict, use_ema: bool) -> str:
+        record = self.sampling.record
+        weights = "EMA" if use_ema else "raw params"
+        return (
+            f"{display_path(run_dir)}\n{type(self.process).__name__}, {record['name']} "
+            f"{record['steps']} steps (NFE {info.get('nfe')}), step {step}, {weights}"
+        )
+
+    # ------------------------------------------------------------------ the run's sampler
+
+    @classmethod
+    def stored_sampler(cls, cfg: DictConfig) -> DictConfig:
+        """A run's stored sampler config, typed by its sampler's schema.
+
+        Keys the schema lacks, and grid options the run's grid does not take, are dropped:
+        configs written before the per-sampler schemas hold every option of every sampler.
+
+        Raises:
+          ValueError: naming ``sampler.name`` for an unknown sampler.
+        """
+        stored = OmegaConf.to_container(cfg.sampler, resolve=True)
+        typ = schema.sampler_schema(stored["name"])
+        fields = {f.name for f in dataclasses.fields(typ)}
+        grid = stored.get("grid") or typ.__dataclass_fields__["grid"].default
+        unused = set(schema.GRID_FIELDS) - set(schema.GRID_OPTIONS.get(grid, ()))
+        kept = {k: v for k, v in stored.items() if k in fields and k not in unused}
+        return OmegaConf.merge(OmegaConf.structured(typ), kept)
+
+    @classmethod
+    def sampler_config(cls, cmd: DictConfig, run_cfg: DictConfig, overrides: list[str]):
+        """The sampler config to sample with.
+
+        Args:
+          cmd: the ``sample``/``evaluate`` command's config; ``cmd.sampler`` is
+            ``sampler=run`` (every field null unless given) or the group the command line
+            chose.
+          run_cfg: the training run's ``config.yaml``.
+          overrides: the command-line overrides.
+
+        Returns:
+          For ``sampler=run``, the run's sampler with each field given on top; for
+          ``sampler=<name>``, ``cmd.sampler`` with the run's ``num_samples`` and
+          ``batch_size`` unless the command line gives them, so results stay comparable.
+
+        Raises:
+          ValueError: a field the run's sampler does not have, or ``sampler.name`` changed.
+        """
+        if not issubclass(OmegaConf.get_type(cmd.sampler) or dict, schema.RunSamplerConfig):
+            out = cmd.sampler.copy()
+            keys = set(override_keys(overrides))
+            for field in ("num_samples", "batch_size"):
+                if f"sampler.{field}" not in keys and field in run_cfg.sampler:
+                    out[field] = run_cfg.sampler[field]
+            return out
+        out = cls.stored_sampler(run_cfg)
+        name = out.name
+        for key, value in cmd.sampler.items():
+            if value is None:
+                continue
+            if key == "name" and value != name:
+                raise ValueError(
+                    f"sampler.name cannot change the run's sampler ({name}): choose another "
+                    f"with sampler={value}; got sampler.name={value!r}"
+                )
+            if key not in out:
+                options = sorted(schema.sampler_options(name))
+                raise ValueError(
+                    f"sampler.{key} is not an option of sampler={name}, the run's sampler (its "
+                    f"options: {options or 'none'}); another sampler is chosen with "
+                    "sampler=<name>"
+                )
+            out[key] = value
+        if cmd.sampler.get("grid") is not None:  # a new grid: the old grid's options go
+            for key in set(schema.GRID_FIELDS) - set(schema.GRID_OPTIONS.get(out.grid, ())):
+                if cmd.sampler.get(key) is None:
+                    out[key] = None
+        return out
+
+    @classmethod
+    def samples_name(cls, sampling: Sampling, use_ema: bool = True) -> str:
+        """``<name>_<steps>_n<num_samples>_seed<seed>`` plus ``+<field>-<value>`` for every
+        other field that changes the samples and is not its default: the grid when it is
+        not the sampler's default grid, each grid option given, each sampler option that
+        differs from the sampler's default, ``float64``, and ``use_ema=false``."""
+        record = sampling.record
+        name = record["name"]
+        extras = []
+        if record["grid"] != schema.DEFAULT_GRID.get(name, "edm"):
+            extras.append(("grid", record["grid"]))
+        extras += [(k, record[k]) for k in schema.GRID_FIELDS if record.get(k) is not None]
+        for key, (_, default) in schema.sampler_options(name).items():
+            if key in record and record[key] != default:
+                extras.append((key, record[key]))
+        if record.get("float64"):
+            extras.append(("float64", True))
+        return samples_name(
+            f"{name}_{record['steps']}",
+            num_samples=record["num_samples"],
+            seed=record["seed"],
+            extras=extras,
+            use_ema=use_ema,
+        )
+
+    @classmethod
+    def sampling_of(cls, cfg: DictConfig) -> Sampling:
+        return build_sampler(cfg, build_process(cfg))
+
+    @classmethod
+    def evaluation_source(cls, run_dir: Path, step: int | None, use_ema: bool):
+        """The run's score source at checkpoint ``step`` (default the newest; EMA parameters
+        unless ``use_ema=false``), for bits/dim; ``None`` when the run has no checkpoint
+        (``samples=`` given for a run directory that holds only a config)."""
+        if not saved_steps(run_dir):
+            return None
+        run, state = cls.load(run_dir, step=step)
+        return run.source(state.ema_params if use_ema else state.params)
