@@ -126,19 +126,37 @@ def count_nonfinite(samples) -> int:
     return int(np.sum(~np.isfinite(np.reshape(samples, (len(samples), -1))).all(axis=1)))
 
 
+def pyplot():
+    """``matplotlib.pyplot`` on the non-interactive Agg backend.
+
+    Imported on first use, not at module level: pyplot costs about 1.5 s of start-up that
+    the commands which never plot (a refused config, evaluation, a table's checks) should
+    not pay.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: Path, *, dpi: int = 120) -> None:
+    """Lay out ``fig``, write it to ``path`` as a PNG atomically (never half-written) and
+    close it."""
+    fig.tight_layout()
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, dpi=dpi, format="png")
+    pyplot().close(fig)
+
+
 def plot_samples(
     path: Path, samples: np.ndarray, *, title=None, reference=None, max_images=100, levels=None
 ):
     """A grid of up to ``max_images`` images ``[n, H, W, C]`` in ``[-1, 1]`` (clipped; with
     ``levels``, quantised by :func:`scorelib.data.images.quantise`), or a scatter of 2-D points
     over ``reference``."""
-    # matplotlib is imported here, not at the top: it costs about a second of start-up that
-    # the commands which never plot (errors, evaluation, tables' checks) should not pay.
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     if samples.ndim == 4:
         if levels is not None:
             samples = quantise(samples, levels)
@@ -172,7 +190,4 @@ def plot_samples(
         ax.legend(loc="upper right", markerscale=8)
     if title:
         ax.set_title(title)
-    fig.tight_layout()
-    with atomic_open(path, "wb") as f:
-        fig.savefig(f, dpi=120, format="png")
-    plt.close(fig)
+    save_figure(fig, path)

@@ -49,8 +49,10 @@ from flax import nnx
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.runs.evaluation import CLASSIFIERS
+from experiments.runs.layout import pyplot, save_figure
 from experiments.runs.training_free import build_source
 from experiments.schema import CFDMScoreConfig
+from experiments.tables.common import scaled
 from scorelib._io import atomic_write_text
 from scorelib.data import get_batch, load_digits, load_mnist_subset, toy_sample
 from scorelib.data.images import quantise
@@ -84,10 +86,7 @@ def _settings(cfg: DictConfig) -> DictConfig:
     Raises:
       ValueError: naming ``table.scale``, ``table.datasets`` or ``table.n_samples``.
     """
-    scale = cfg.get("scale", "full")
-    if scale not in ("full", "smoke"):
-        raise ValueError(f"table.scale must be 'full' or 'smoke'; got {scale!r}")
-    tc = OmegaConf.merge(cfg, cfg.smoke) if scale == "smoke" else cfg
+    tc = scaled(cfg)
     for d in tc.datasets:
         if d not in TOYS and d not in IMAGES:
             raise ValueError(f"table.datasets must hold names of {[*TOYS, *IMAGES]}; got {d!r}")
@@ -379,11 +378,8 @@ def make_figure(results: list, path: Path) -> None:
     """Samples and their nearest training points, one panel per data set: for 2-D, each
     sample joined by a segment to its nearest training point (training set in grey); for
     images, pairs side by side (sample | nearest training image), four pairs per row."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.collections import LineCollection
+    plt = pyplot()
+    from matplotlib.collections import LineCollection  # matplotlib on first use: pyplot()
 
     fig, axes = plt.subplots(1, len(results), figsize=(4 * len(results), 4), squeeze=False)
     for ax, r in zip(axes[0], results, strict=True):
@@ -410,9 +406,7 @@ def make_figure(results: list, path: Path) -> None:
             ax.set_xlabel("pairs: sample | nearest training image", fontsize=7)
         w = r["w2"]
         ax.set_title(f"{r['name']} (N={r['N']}), sigma_s={w['sigma_s']}, M={w['M']}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def report(results: list, tc: DictConfig, objective: list | None = None) -> dict:

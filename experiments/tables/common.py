@@ -67,6 +67,20 @@ def fmt(v: Cell, sig: int = 3) -> str:
     return str(v)
 
 
+def scaled(cfg: DictConfig) -> DictConfig:
+    """The table config resolved, with its ``smoke`` section merged over it when
+    ``table.scale=smoke`` (the scale the tests run).
+
+    Raises:
+      ValueError: ``table.scale`` is neither ``full`` nor ``smoke``.
+    """
+    tc = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    scale = tc.get("scale", "full")
+    if scale not in ("full", "smoke"):
+        raise ValueError(f"table.scale must be 'full' or 'smoke'; got {scale!r}")
+    return OmegaConf.merge(tc, tc.get("smoke") or {}) if scale == "smoke" else tc
+
+
 def pm(mean: float, std: float, sig: int = 3) -> str:
     """``"mean ± std"`` for tables that report a spread over seeds."""
     return f"{fmt(float(mean), sig)} ± {fmt(float(std), 2)}"

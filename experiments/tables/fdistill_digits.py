@@ -26,10 +26,11 @@ from omegaconf import DictConfig, OmegaConf
 from experiments.build import Sampling
 from experiments.runs import DistillRun, ScoreRun, load_run, train_run
 from experiments.runs.evaluation import evaluate_images
-from experiments.tables.common import pm
+from experiments.runs.layout import pyplot, save_figure
+from experiments.tables.common import pm, scaled
 from scorelib import distill
 from scorelib._checks import check_real
-from scorelib._io import atomic_open, atomic_write_text
+from scorelib._io import atomic_write_text
 from scorelib.data.images import quantise
 from scorelib.metrics import fd_features
 from scorelib.metrics.classifier import ClassifierConfig, FeatureExtractor, default_cache_dir
@@ -48,12 +49,7 @@ PAPER_FID = {
 
 
 def _settings(cfg: DictConfig) -> DictConfig:
-    tc = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    scale = tc.get("scale", "full")
-    if scale not in ("full", "smoke"):
-        raise ValueError(f"table.scale must be full or smoke; got {scale!r}")
-    if scale == "smoke":
-        tc = OmegaConf.merge(tc, tc.smoke)
+    tc = scaled(cfg)
     for d in tc.divergences:
         distill.check_divergence(d, "table.divergences")
     if tc.teacher is not None and not (Path(tc.teacher) / "config.yaml").is_file():
@@ -299,10 +295,7 @@ def report(results: list, tc, teacher_dir: Path, fig: Path, chosen=None, run_dir
 
 
 def make_figure(samples: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(samples), figsize=(2.2 * len(samples), 2.5), squeeze=False)
     for ax, (name, x) in zip(axes[0], samples.items(), strict=True):
@@ -317,7 +310,4 @@ def make_figure(samples: dict, path: Path) -> None:
         ax.imshow(canvas, cmap="gray", vmin=0, vmax=1)
         ax.set_title(name, fontsize=6)
         ax.axis("off")
-    fig.tight_layout()
-    with atomic_open(path, "wb") as f:
-        fig.savefig(f, dpi=120, format="png")
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)

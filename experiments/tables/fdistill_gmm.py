@@ -16,12 +16,13 @@ from pathlib import Path
 import hydra
 import jax
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from experiments.runs import DistillRun, train_run
-from experiments.tables.common import pm
+from experiments.runs.layout import pyplot, save_figure
+from experiments.tables.common import pm, scaled
 from scorelib import distill
-from scorelib._io import atomic_open, atomic_write_text
+from scorelib._io import atomic_write_text
 from scorelib.metrics import energy_distance, mode_statistics, precision_recall
 
 #: Mode-seeking character (Xu et al. 2025, Table 1): high / medium / low; Neyman: not in it.
@@ -37,12 +38,7 @@ MODE_SEEKING = {
 
 
 def _settings(cfg: DictConfig) -> DictConfig:
-    tc = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    scale = tc.get("scale", "full")
-    if scale not in ("full", "smoke"):
-        raise ValueError(f"table.scale must be full or smoke; got {scale!r}")
-    if scale == "smoke":
-        tc = OmegaConf.merge(tc, tc.smoke)
+    tc = scaled(cfg)
     if len(tc.seeds) < 1 or len(set(tc.seeds)) != len(tc.seeds):
         raise ValueError(f"table.seeds must be distinct integers, at least one; got {tc.seeds}")
     for d in tc.divergences:
@@ -182,10 +178,7 @@ def report(results: dict, exact: list, target, tc, fig: Path) -> dict:
 
 
 def make_figure(samples: dict, target, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     names = list(samples)
     fig, axes = plt.subplots(1, len(names), figsize=(2.4 * len(names), 2.6), squeeze=False)
@@ -196,7 +189,4 @@ def make_figure(samples: dict, target, path: Path) -> None:
         ax.set_title(name if name == "exact" else distill.describe(name), fontsize=8)
         ax.set_xlim(-3, 3), ax.set_ylim(-3, 3), ax.set_aspect("equal")
         ax.set_xticks([]), ax.set_yticks([])
-    fig.tight_layout()
-    with atomic_open(path, "wb") as f:
-        fig.savefig(f, dpi=110, format="png")
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)

@@ -43,11 +43,13 @@ import jax
 import numpy as np
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from experiments import build
 from experiments.runs import ScoreRun, configure_jax, load_run, train_run
+from experiments.runs.layout import pyplot, save_figure
 from experiments.schema import register_configs
+from experiments.tables.common import scaled
 from scorelib._io import atomic_write_text
 from scorelib.metrics import (
     ClassifierConfig,
@@ -345,11 +347,7 @@ def classifier_features(data_name: str, cache_dir):
 # --------------------------------------------------------------------------- the table
 def _settings(cfg: DictConfig) -> DictConfig:
     """The table config with the ``smoke`` overrides merged when ``scale == smoke``."""
-    tc = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    if tc.get("scale", "full") not in ("full", "smoke"):
-        raise ValueError(f"table.scale must be 'full' or 'smoke'; got {tc.scale!r}")
-    if tc.scale == "smoke":
-        tc = OmegaConf.merge(tc, tc.get("smoke", {}))
+    tc = scaled(cfg)
     for field in ("num_samples", "batch_size", "explained_points", "gmm_components"):
         if int(tc[field]) < 1:
             raise ValueError(f"table.{field} must be >= 1; got {tc[field]}")
@@ -560,10 +558,7 @@ def summary_rows(results: dict) -> tuple[list[str], list[list]]:
 
 def make_figure(results: dict, path: Path) -> None:
     """Unexplained fraction per sigma and FD against NFE, one column per data set, as PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     n = len(results)
     fig, axes = plt.subplots(2, n, figsize=(5.5 * n, 8), squeeze=False)
@@ -601,9 +596,7 @@ def make_figure(results: dict, path: Path) -> None:
         ax.set_ylabel("FD vs test split")
         ax.set_title(f"{name}: FD vs NFE over skips k")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 # --------------------------------------------------------------------------- entry point

@@ -48,7 +48,8 @@ from flax import nnx
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.tables.common import pm
+from experiments.runs.layout import pyplot, save_figure
+from experiments.tables.common import pm, scaled
 from scorelib._io import atomic_write_text
 from scorelib.data.targets import make_target
 from scorelib.metrics import label_variance, noisy_samples, relative_score_error, sample_distances
@@ -72,12 +73,7 @@ def _settings(cfg: DictConfig) -> DictConfig:
       ValueError: naming the field (``table.scale``, ``table.run_targets``, ``table.sigmas``,
         ``table.seeds``, ...).
     """
-    tc = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    scale = tc.get("scale", "full")
-    if scale not in ("full", "smoke"):
-        raise ValueError(f"table.scale must be 'full' or 'smoke'; got {scale!r}")
-    if scale == "smoke":
-        tc = OmegaConf.merge(tc, tc.get("smoke") or {})
+    tc = scaled(cfg)
     if len(tc.seeds) < 1:
         raise ValueError("table.seeds must list at least one seed")
     if len(set(int(s) for s in tc.seeds)) != len(tc.seeds):
@@ -567,10 +563,7 @@ def summary_table(results: dict) -> tuple[list, list]:
 
 def make_figure(results: dict, path: Path) -> None:
     """Label variance, score error and energy distance, one column per target, as PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     names = list(results)
     fig, axes = plt.subplots(3, len(names), figsize=(4.6 * len(names), 11.5), squeeze=False)
@@ -609,9 +602,7 @@ def make_figure(results: dict, path: Path) -> None:
             range(len(keys)), [_col(k) for k in keys], rotation=45, ha="right", fontsize=7
         )
         ax.set(yscale="log", title=f"{name}: energy distance² to exact samples")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 # --------------------------------------------------------------------------- entry point
