@@ -42,6 +42,7 @@ from scorelib.data.images import ImageDataset, level_spacing
 from scorelib.data.toy import TOY_NAMES
 from scorelib.processes import Process
 from scorelib.samplers import get_sampler, make_grid
+from scorelib.training.loop import NONFINITE_MODES
 
 DATA_NAMES = ("digits", "mnist", "toy", "npz", "target")
 GRIDS = tuple(schema.GRID_OPTIONS)
@@ -378,6 +379,7 @@ def check_trainer(tc: DictConfig) -> None:
     for field in ("steps", "batch_size", "log_every", "ckpt_every", "keep_last"):
         check_int(tc[field], f"trainer.{field}", low=1)
     check_int(tc.seed, "trainer.seed", low=0)
+    check_choice(tc.nonfinite, "trainer.nonfinite", NONFINITE_MODES)
     if tc.get("keep_every") is not None:
         check_int(tc.keep_every, "trainer.keep_every", low=1)
     if tc.get("ema_decay") is not None:

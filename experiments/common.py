@@ -34,6 +34,7 @@ from hydra.errors import (
     MissingConfigException,
     OverrideParseException,
 )
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import (
     ConfigAttributeError,
@@ -142,6 +143,19 @@ def one_line(message: str) -> str:
     if not lines:
         return ""
     return lines[0] + ("" if len(lines) == 1 else " " + "; ".join(lines[1:]))
+
+
+#: The longest error line printed: a longer message keeps its head (the field) and its tail
+#: (the advice) around " ... ".
+MAX_ERROR_LINE = 300
+
+
+def shorten(line: str, limit: int = MAX_ERROR_LINE) -> str:
+    """``line`` if it fits in ``limit`` characters, else its head and tail around ``...``."""
+    if len(line) <= limit:
+        return line
+    head = (2 * limit) // 3
+    return f"{line[:head]} ... {line[-(limit - head - 5) :]}"
 
 
 def _type_name(typ) -> str:
@@ -292,7 +306,7 @@ def hydra_app(config_name: str):
             except (HydraException, OmegaConfBaseException) as e:
                 if traceback:
                     raise
-                print(f"error: {config_error_line(e)}", file=sys.stderr)
+                print(f"error: {shorten(config_error_line(e))}", file=sys.stderr)
                 sys.exit(USAGE_ERROR)
             except training.Interrupted as e:  # a signal stopped training after saving a step
                 print(e.message, file=sys.stderr)
@@ -318,36 +332,64 @@ def hydra_app(config_name: str):
 
 
 # When the running command started (set by :func:`hydra_app` before Hydra makes its output
-# directory): a failed command removes only an output directory made after it started.
-# (Read through _command_started(): a task function that submitit pickles by value must not
-# reference the ContextVar itself, which cannot be pickled.)
+# directory), and which directories above its output directory existed then (set by
+# :class:`RecordOutputDirs`): a failed command removes the directories it made, and only
+# those. (Read through functions: a task function that submitit pickles by value must not
+# reference a ContextVar itself, which cannot be pickled.)
 _COMMAND_STARTED: ContextVar[float | None] = ContextVar("command_started", default=None)
+_EXISTED: ContextVar[frozenset | None] = ContextVar("existed", default=None)
 
 
 def _command_started() -> float | None:
     return _COMMAND_STARTED.get()
 
 
-def discard_unused_output_dir(output_dir: Path, top: Path, started: float | None = None) -> None:
-    """Remove ``output_dir`` if it holds only what Hydra wrote there (``.hydra/``, ``*.log``),
-    then its parents up to and including ``top`` while they are empty: a command that
-    failed on its config leaves no directory behind.
+def _existed() -> frozenset | None:
+    return _EXISTED.get()
 
-    A directory that existed before the command (``started``, a ``time.time()``; the
-    directory's ctime is older: no entry was added since) is kept: it holds the logs of
-    earlier commands (``<run>/eval_logs`` is shared by every ``evaluate`` of a run)."""
+
+class RecordOutputDirs(Callback):
+    """A Hydra callback (``hydra.callbacks.output_dirs`` of every primary config): before
+    Hydra makes a run's output directory, record which of it and its parents exist, so
+    that a command refused on its config removes exactly the directories it made
+    (``outputs/foo/`` of ``experiments.evaluate run_dir=outputs/foo/bar``, say)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        HydraConfig.instance().set_config(config)  # as run_job does next: hydra.run.dir resolves
+        out = Path(str(OmegaConf.select(config, "hydra.run.dir"))).resolve()
+        _EXISTED.set(frozenset(p for p in (out, *out.parents) if p.exists()))
+
+
+def discard_unused_output_dir(
+    output_dir: Path, top: Path, started: float | None = None, existed: frozenset | None = None
+) -> None:
+    """Remove ``output_dir`` if it holds only what Hydra wrote there (``.hydra/``, ``*.log``),
+    then its parents while they are empty: a command that failed on its config leaves no
+    directory behind.
+
+    With ``existed`` (the directories that existed when the command started,
+    :class:`RecordOutputDirs`), every directory it made is removed and none of the others.
+    Without it, the parents up to and including ``top`` are, and a directory that existed
+    before the command (``started``, a ``time.time()``; the directory's ctime is older: no
+    entry was added since) is kept: it holds the logs of earlier commands
+    (``<run>/eval_logs`` is shared by every ``evaluate`` of a run)."""
     if not output_dir.is_dir():
         return
+    output_dir = output_dir.resolve()
+    if existed is not None and output_dir in existed:
+        return
     # File-system clocks are coarse (a jiffy, up to 10 ms behind time.time()).
-    if started is not None and output_dir.stat().st_ctime < started - 0.02:
+    if existed is None and started is not None and output_dir.stat().st_ctime < started - 0.02:
         return
     if any(p.name != ".hydra" and p.suffix != ".log" for p in output_dir.iterdir()):
         return
     shutil.rmtree(output_dir)
     top = top.resolve()
-    parent = output_dir.resolve().parent
-    while (parent == top or top in parent.parents) and parent.is_dir():
-        if any(parent.iterdir()):
+    parent = output_dir.parent
+    while parent.is_dir() and not any(parent.iterdir()):
+        if existed is not None and parent in existed:
+            break
+        if existed is None and not (parent == top or top in parent.parents):
             break
         parent.rmdir()
         parent = parent.parent
@@ -400,10 +442,15 @@ def clean_errors(fn):
             else:
                 cause = e.__cause__ if isinstance(e, InstantiationException) and e.__cause__ else e
                 line = one_line(str(cause))
-            print(f"error: {line}", file=sys.stderr)
+            print(f"error: {shorten(line)}", file=sys.stderr)
             where = _output_top(cfg)
             if where is not None:
-                discard_unused_output_dir(*where, _command_started())
+                discard_unused_output_dir(*where, _command_started(), _existed())
             sys.exit(USAGE_ERROR)
+        except training.CheckpointError as e:  # damaged files, not a config error: status 1
+            if os.environ.get("SCORELIB_TRACEBACK"):
+                raise
+            print(f"error: {shorten(one_line(str(e)))}", file=sys.stderr)
+            sys.exit(1)
 
     return wrapper

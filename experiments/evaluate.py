@@ -25,7 +25,7 @@ from experiments import build
 from experiments.common import clean_errors, hydra_app
 from experiments.runs import configure_jax, read_config, run_kind
 from experiments.runs.base import override_keys
-from experiments.runs.evaluation import evaluate_and_write, load_samples
+from experiments.runs.evaluation import describe_samples, evaluate_and_write, load_samples
 from experiments.schema import register_configs
 
 register_configs()
@@ -61,6 +61,7 @@ def run_evaluation(cfg: DictConfig) -> dict:
     overrides = list(HydraConfig.get().overrides.task)
     path = samples_path(cfg, kind, overrides)
     samples = load_samples(path)
+    print(f"evaluating {describe_samples(path)}", flush=True)
     data_cfg = kind.data_config(read_config(cfg.run_dir))
     data = build.build_data(data_cfg)
     prior = None

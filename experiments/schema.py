@@ -428,6 +428,10 @@ class TrainConfig:
     cluster: ClusterConfig = MISSING
     # initialise the parameters from another run: `<run_dir>` or `<run_dir>@<step>`
     init_from: str | None = None
+    # make this command's sampler the run's own (what experiments.sample and evaluate use by
+    # default); otherwise a later command on an existing run draws with its sampler and the
+    # run keeps the one of its first command
+    set_default_sampler: bool = False
 
 
 @dataclass

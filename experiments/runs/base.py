@@ -187,28 +187,28 @@ class TrainedRun(Run):
             config=self.fingerprint,
         )
 
-    def check_resume(self, run_dir: Path) -> None:
-        """Before anything is written: the saved step is not past ``trainer.steps`` and the
-        newest checkpoint fits the run.
+    def resume(self, ckpt: training.Checkpointer, run_dir: Path):
+        """The state of the newest readable checkpoint of ``ckpt``, or ``None`` when it has
+        none. A damaged checkpoint is skipped with a warning naming it and the reason, and
+        the one before it is tried (:meth:`scorelib.training.Checkpointer.restore_latest`).
 
         Raises:
-          ValueError: naming ``trainer.steps``, or the config/state fields that differ.
+          ValueError: the restored step is past ``trainer.steps`` (naming it, and how to
+            sample an earlier checkpoint), or the checkpoint does not match the run
+            (:class:`scorelib.training.IncompatibleCheckpoint`, naming the fields).
+          scorelib.training.CheckpointError: checkpoints exist and none is readable.
         """
-        steps = saved_steps(run_dir)
-        if not steps:
-            return
-        want = self.cfg.trainer.steps
-        if steps[-1] > want:
+        state = ckpt.restore_latest(training.abstract_state(self.state))
+        if state is None:
+            return None
+        step, want = int(parallel.to_host(state.step)), self.cfg.trainer.steps
+        if step > want:
             raise ValueError(
-                f"trainer.steps must be >= {steps[-1]}, the step this run has saved "
+                f"trainer.steps must be >= {step}, the step this run has saved "
                 f"({run_dir}); got {want} (to sample an earlier checkpoint: python -m "
-                f"experiments.sample run_dir={run_dir} step=<one of {steps}>)"
+                f"experiments.sample run_dir={run_dir} step=<one of {saved_steps(run_dir)}>)"
             )
-        ckpt = self.checkpointer(run_dir)
-        try:
-            ckpt.check_compatible(steps[-1], training.abstract_state(self.state))
-        finally:
-            ckpt.close()
+        return state
 
     def restore(self, run_dir: Path, step: int | None = None):
         """The state saved at ``step`` in ``run_dir`` (default: the newest readable
@@ -310,6 +310,25 @@ def _selects_samples(key: str) -> bool:
     return key in ("sampler", "step", "use_ema") or key.startswith("sampler.")
 
 
+def run_config(run: TrainedRun, run_dir: Path) -> DictConfig:
+    """The ``config.yaml`` to write for this launch: ``run.saved_config()``, with the sampler
+    of the run's existing ``config.yaml`` unless ``set_default_sampler=true``: a command that
+    draws with another sampler does not change which samples later ``experiments.sample``
+    and ``experiments.evaluate`` commands pick by default."""
+    out = run.saved_config()
+    path = Path(run_dir) / "config.yaml"
+    if path.is_file() and not run.cfg.get("set_default_sampler"):
+        stored = read_config(run_dir).sampler
+        if OmegaConf.to_container(stored) != OmegaConf.to_container(out.sampler):
+            print(
+                f"the run's own sampler stays the one in {path} (this command's becomes the "
+                "run's own with set_default_sampler=true)",
+                flush=True,
+            )
+            out.sampler = stored
+    return out
+
+
 def train_run(
     kind: type[TrainedRun],
     cfg: DictConfig,
@@ -356,23 +375,31 @@ def train_run(
     if lead:
         run.announce()
     check_same_run(run_dir, cfg)
-    run.check_resume(run_dir)
-    saved = saved_steps(run_dir)
-    state = run.state if saved else run.initial_state()
-    if mesh is not None:
-        state = parallel.shard(state, mesh)
-    if lead and saved and saved[-1] < cfg.trainer.steps:
-        print(f"resuming {run_dir} from step {saved[-1]} of {cfg.trainer.steps}", flush=True)
+    # a new run's start (init_from's checkpoint) is checked before the lock makes run_dir
+    fresh = None if saved_steps(run_dir) else run.initial_state()
     with exclusive(run_dir) if lead else contextlib.nullcontext():
-        if lead:
-            write_run_info(run_dir, run.saved_config(), seed=cfg.trainer.seed, extra=extra)
         ckpt = run.checkpointer(run_dir)
         try:
+            # under the lock: a command that waited for it continues where the other stopped
+            state = run.resume(ckpt, run_dir)
+            if state is not None:
+                step = int(parallel.to_host(state.step))
+                if lead and step < cfg.trainer.steps:
+                    print(f"resuming {run_dir} from step {step} of {cfg.trainer.steps}", flush=True)
+            else:
+                state = fresh if fresh is not None else run.initial_state()
+            if mesh is not None:
+                state = parallel.shard(state, mesh)
+            if lead:
+                write_run_info(
+                    run_dir, run_config(run, run_dir), seed=cfg.trainer.seed, extra=extra
+                )
             state = train_loop(
                 state,
                 run.step_fn,
                 num_steps=cfg.trainer.steps,
                 ckpt=ckpt,
+                resume=False,
                 log_dir=str(run_dir) if lead else None,
                 log_every=cfg.trainer.log_every,
                 nonfinite=cfg.trainer.nonfinite,

@@ -380,6 +380,25 @@ def load_samples(path: Path) -> np.ndarray:
         raise ValueError(f"samples={path} must be a .npz file: {e}") from e
 
 
+def describe_samples(path: Path) -> str:
+    """``'<path> (heun, 18 steps, checkpoint step 12000, EMA weights)'``: how the samples in
+    ``path`` were drawn, from the ``samples.json`` beside them (just the path without one)."""
+    meta_path = Path(path).parent / "samples.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError):
+        return str(path)
+    sampler = meta.get("sampler") or {}
+    parts = [str(sampler.get("name", "?"))]
+    if sampler.get("steps") is not None:
+        parts.append(f"{sampler['steps']} steps")
+    if meta.get("checkpoint_step") is not None:
+        parts.append(f"checkpoint step {meta['checkpoint_step']}")
+    if "use_ema" in meta:
+        parts.append("EMA weights" if meta["use_ema"] else "raw weights")
+    return f"{path} ({', '.join(parts)})"
+
+
 def evaluate_and_write(
     samples: np.ndarray,
     data: Data,

@@ -20,6 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 from experiments.schema import TRAINER_NOT_IDENTITY
 
 _ABSENT = "<absent>"
+#: Top-level config fields that are not part of a run's identity.
+NOT_IDENTITY = ("sampler", "name", "cluster", "set_default_sampler")
 
 
 def _flatten(tree, prefix: str = "") -> dict:
@@ -33,10 +35,10 @@ def _flatten(tree, prefix: str = "") -> dict:
 
 def identity(cfg: DictConfig | dict) -> dict:
     """``{field: value}`` of everything that defines the trained model: the resolved config
-    without the sampler, the cluster, the preset's name and the trainer fields that do not
-    change the model (``schema.TRAINER_NOT_IDENTITY``)."""
+    without the sampler (and ``set_default_sampler``), the cluster, the preset's name and the
+    trainer fields that do not change the model (``schema.TRAINER_NOT_IDENTITY``)."""
     tree = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
-    tree = {k: v for k, v in tree.items() if k not in ("sampler", "name", "cluster")}
+    tree = {k: v for k, v in tree.items() if k not in NOT_IDENTITY}
     tree["trainer"] = {
         k: v for k, v in tree.get("trainer", {}).items() if k not in TRAINER_NOT_IDENTITY
     }

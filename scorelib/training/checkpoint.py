@@ -110,8 +110,8 @@ def _differences(saved: dict, current: dict, label: str, fmt=repr) -> list[str]:
 def _reason(e: BaseException) -> str:
     """``Type: first line of the message`` (TensorStore messages carry a long JSON spec)."""
     first = (str(e).strip().splitlines() or [""])[0]
-    if len(first) > 300:
-        first = first[:300] + "..."
+    if len(first) > 120:
+        first = first[:120] + "..."
     return f"{type(e).__name__}: {first}"
 
 
@@ -343,9 +343,9 @@ class Checkpointer:
         except IncompatibleCheckpoint:
             raise
         except Exception as e:
-            raise CheckpointError(
-                f"checkpoint {self.step_dir(step)} cannot be read ({_reason(e)})"
-            ) from e
+            err = CheckpointError(f"checkpoint {self.step_dir(step)} cannot be read ({_reason(e)})")
+            err.reason = _reason(e)
+            raise err from e
 
     def restore(self, step: int, abstract_state: Any) -> Any:
         """Restore step ``step`` into the structure, dtypes and shardings of ``abstract_state``.
@@ -381,7 +381,7 @@ class Checkpointer:
             try:
                 out = load(step)
             except CheckpointError as e:
-                tried.append(str(e))
+                tried.append(f"step {step} ({getattr(e, 'reason', e)})")
                 self._unreadable.add(step)
                 older = [s for s in steps if s < step]
                 log.warning(
@@ -392,9 +392,9 @@ class Checkpointer:
                 continue
             return out, step
         if tried:
-            listing = "\n  ".join(tried)
             raise CheckpointError(
-                f"no readable checkpoint in {self.directory}; tried:\n  {listing}"
+                f"no readable checkpoint in {self.directory}; tried: {'; '.join(tried)}; move "
+                "the directory aside to train the run again from step 0"
             )
         return None
 

@@ -147,6 +147,7 @@ def train(
     desc: str = "train",
     stop_signals: tuple[int, ...] = STOP_SIGNALS,
     sync_every: int | None = None,
+    resume: bool = True,
 ) -> TrainState:
     """Run ``step_fn`` until ``state.step == num_steps``, resuming from ``ckpt`` if it has one.
 
@@ -183,6 +184,8 @@ def train(
       sync_every: wait for the device every this many steps (>= 1). ``None``: every
         :data:`MAX_UNSYNCED_MULTI_DEVICE` steps when this process drives several devices
         (more unsynced collective steps can deadlock XLA:CPU), else only at log steps.
+      resume: restore ``ckpt``'s newest readable checkpoint first; ``False`` when the
+        caller passes the state to continue from (one it restored itself).
 
     Several processes (``jax.distributed``): every process runs this loop with the same
     arguments; a signal seen by any process stops all of them at the next log step
@@ -207,7 +210,7 @@ def train(
     check_int(sync_every, "sync_every", low=1)
     multi_process = jax.process_count() > 1
 
-    if ckpt is not None:
+    if ckpt is not None and resume:
         restored = ckpt.restore_latest(abstract_state(state))
         if restored is not None:
             state = restored

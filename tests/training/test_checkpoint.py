@@ -213,7 +213,8 @@ def test_no_readable_checkpoint_lists_what_was_tried(tmp_path):
         Checkpointer(d, save_every=10).restore_latest(_abstract())
     msg = str(e.value)
     assert msg.startswith(f"no readable checkpoint in {d}; tried:")
-    assert f"{d}/20 cannot be read (KeyError" in msg and f"{d}/10 cannot be read (JSONDe" in msg
+    assert "step 20 (KeyError" in msg and "step 10 (JSONDe" in msg
+    assert msg.endswith("move the directory aside to train the run again from step 0")
 
 
 def test_mismatch_is_raised_not_skipped(tmp_path):
