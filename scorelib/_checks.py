@@ -13,10 +13,23 @@ import numbers
 from typing import Any
 
 
+#: The longest ``got <value>`` an error message shows (an array of 500 grid points is cut).
+MAX_SHOWN = 120
+
+
+def shown(value: Any) -> str:
+    """``repr(value)``, its middle cut to fit :data:`MAX_SHOWN` characters."""
+    text = repr(value)
+    if len(text) <= MAX_SHOWN:
+        return text
+    return f"{text[: MAX_SHOWN - 25]} ... {text[-20:]}"
+
+
 def require(cond: bool, field: str, allowed: str, value: Any) -> None:
-    """Raise ``ValueError('<field> must be <allowed>; got <value!r>')`` unless ``cond``."""
+    """Raise ``ValueError('<field> must be <allowed>; got <value!r>')`` unless ``cond``
+    (a long value shown cut: :func:`shown`)."""
     if not cond:
-        raise ValueError(f"{field} must be {allowed}; got {value!r}")
+        raise ValueError(f"{field} must be {allowed}; got {shown(value)}")
 
 
 def is_real(value: Any) -> bool:

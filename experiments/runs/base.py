@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from experiments.build import Data
 from experiments.common import write_run_info
 from experiments.runs.cluster import start_devices, train_loop
+from experiments.runs.evaluation import evaluate_and_write, load_samples
 from experiments.runs.identity import check_same_run, exclusive
 from experiments.runs.layout import (
     count_nonfinite,
@@ -97,11 +98,13 @@ class TrainedRun(Run):
     :class:`experiments.runs.DistillRun`).
 
     Attributes:
+      process: the noise process (``scorelib.processes``) the run's scores live on.
       state: the fresh training state (a :class:`scorelib.training.TrainState`-like pytree).
       step_fn: the jitted ``step(state) -> (state, metrics)``.
       fingerprint: what a checkpoint must match to be restored into this run.
     """
 
+    process: Any
     state: Any
     step_fn: Any
     fingerprint: dict
@@ -272,6 +275,15 @@ class TrainedRun(Run):
         }
         return self.write_samples(x, meta, run_dir, step=step, use_ema=use_ema)
 
+    def evaluate_samples(self, out: Path, *, seed: int = 0) -> dict:
+        """Evaluate the samples in ``out`` as ``experiments.evaluate`` would (2-D and target
+        data: against fresh data, beside another draw of it and the prior)."""
+        x = load_samples(out / "samples.npz")
+        prior = np.asarray(self.process.prior_sample(jax.random.key(seed), x.shape))
+        return evaluate_and_write(
+            x, self.data, out, seed=seed, prior=prior, title=f"{self.cfg.name}: {out}"
+        )
+
     @classmethod
     def find_samples(cls, cmd: DictConfig, overrides: list[str]) -> Path:
         """The ``samples.npz`` that ``experiments.sample`` writes for the same ``sampler``/
@@ -415,10 +427,15 @@ def train_run(
 
 def train_and_sample(kind: type[TrainedRun], cfg: DictConfig, run_dir: Path) -> Path:
     """What ``experiments.train`` and ``experiments.distill`` do: :func:`train_run`, then
-    (process 0 alone) draw the run's samples from the EMA parameters and print where they
-    are. Returns ``run_dir``."""
+    (process 0 alone) draw the run's samples from the EMA parameters, print where they are
+    and whether they are good: the evaluation of 2-D and target samples (a second), the
+    ``experiments.evaluate`` command for images. Returns ``run_dir``."""
     run, state = train_run(kind, cfg, run_dir)
     if jax.process_index() == 0:
         out = run.save_samples(state, run_dir)
         print(f"run directory: {run_dir}\nsamples: {out}")
+        if run.data.images is None:  # points: the evaluation takes a second, show it
+            run.evaluate_samples(out)
+        else:
+            print(f"evaluate them: python -m experiments.evaluate run_dir={run_dir}")
     return run_dir

@@ -352,7 +352,6 @@ class DistillRun(TrainedRun):
     """
 
     teacher: Any  # a scorelib ScoreSource
-    process: Any
     sigma_data: float
     nets: distill.Networks
     dcfg: distill.DistillConfig

@@ -33,7 +33,6 @@ from scorelib.metrics import (
     bits_per_dim,
     c2st,
     dequantise,
-    energy_distance,
     fd_features,
     fd_floor,
     memorisation_stats,
@@ -81,20 +80,27 @@ def _stages(total: int, progress: bool):
 
 def _two_sample_rows(sets, ref, ref_feats, feats, *, seed: int) -> dict:
     """C2ST accuracy and precision/recall of each named set against the reference, in
-    pixels and in classifier features: ``{row: {metric: value}}`` for one draw."""
+    pixels and (with ``feats``) in classifier features: ``{row: {metric: value}}`` for one
+    draw."""
     out = {}
     for row, x in sets.items():
-        px, ft = c2st(x, ref, seed=seed), c2st(feats[row], ref_feats, seed=seed)
-        pr_px, pr_ft = precision_recall(ref, x), precision_recall(ref_feats, feats[row])
+        px, pr_px = c2st(x, ref, seed=seed), precision_recall(ref, x)
         out[row] = {
             "c2st_pixels": px["accuracy"],
             "c2st_pixels_se": px["se"],
-            "c2st_features": ft["accuracy"],
             "precision_pixels": pr_px["precision"],
             "recall_pixels": pr_px["recall"],
-            "precision_features": pr_ft["precision"],
-            "recall_features": pr_ft["recall"],
         }
+        if feats is not None:
+            ft, pr_ft = (
+                c2st(feats[row], ref_feats, seed=seed),
+                precision_recall(ref_feats, feats[row]),
+            )
+            out[row].update(
+                c2st_features=ft["accuracy"],
+                precision_features=pr_ft["precision"],
+                recall_features=pr_ft["recall"],
+            )
     return out
 
 
@@ -112,7 +118,9 @@ def evaluate_images(
 ) -> dict:
     """Every image metric of ``samples`` against the test split, each beside its floor and
     the Gaussian-fit baseline: FD, the classifier two-sample test, precision/recall,
-    bits/dim (with ``source``) and memorisation.
+    sliced W2, bits/dim (with ``source``) and memorisation. Data without a bundled feature
+    classifier (``data=npz``) get every metric that needs none: the pixel two-sample test
+    and precision/recall, sliced W2, memorisation.
 
     Samples are first clipped and quantised to the data's own grey levels
     (:func:`scorelib.data.images.quantise` with ``dataset.levels``), as saving them would;
@@ -129,6 +137,8 @@ def evaluate_images(
       and in classifier features. Rows: ``two_sample_draws`` disjoint slices of the samples;
       as many draws of ``m`` training images without replacement (the floor); slices of the
       Gaussian baseline. Mean and std over the draws (fewer draws when ``n`` is short).
+    * Sliced W2 in pixels (:func:`scorelib.metrics.sample_distances`) of the samples, ``n``
+      training images (the floor) and the Gaussian baseline against the test split.
     * Bits/dim of the test images under ``source``'s PF-ODE
       (:func:`scorelib.metrics.bits_per_dim`, uniform dequantisation, Hutchinson with
       ``BPD_OPTIONS``), beside a Gaussian fitted to the dequantised training images (through
@@ -137,7 +147,8 @@ def evaluate_images(
     Args:
       samples: ``[n, H, W, C]`` in ``[-1, 1]``.
       dataset: the run's ``ImageDataset`` (train and test splits, ``levels``).
-      data_name: ``'digits'`` or ``'mnist'`` (which cached classifier gives the features).
+      data_name: ``'digits'`` or ``'mnist'`` (which cached classifier gives the features;
+        another name: no classifier metrics).
       seed: seed of the floor and baseline draws, the folds and the likelihood keys.
       floor_draws: number of FD floor draws (>= 1).
       two_sample_draws: number of C2ST / precision-recall draws per row (>= 1).
@@ -145,7 +156,8 @@ def evaluate_images(
       progress: a tqdm bar over the stages.
 
     Returns:
-      dict with ``fd`` (samples vs test), ``fd_floor`` and ``fd_floor_std`` (mean and std
+      dict with ``classifier`` (whether the feature metrics are there), ``fd`` (samples vs
+      test), ``fd_floor`` and ``fd_floor_std`` (mean and std
       over the draws), ``fd_train_all`` (all training images vs test: the floor as
       ``n`` grows), ``fd_gaussian`` (``n`` draws of a Gaussian fit to train vs test),
       ``n``; ``two_sample_n``, ``two_sample_draws`` and, for each row ``samples``/``floor``/
@@ -153,17 +165,14 @@ def evaluate_images(
       ``recall_pixels``/``precision_features``/``recall_features``, ``<metric>_<row>`` and
       ``<metric>_<row>_std`` (also ``c2st_pixels_se``, the C2ST's own standard error); with
       ``source``: ``bpd_n``, ``bpd``, ``bpd_se``, ``bpd_gaussian``, ``bpd_uniform``,
-      ``bpd_options``; and the memorisation statistics of the samples and of the test split.
+      ``bpd_options``; ``sliced_w2_<row>``; and the memorisation statistics of the samples
+      and of the test split. Without a classifier the ``fd*`` and ``*_features`` keys are
+      left out.
 
     Raises:
-      ValueError: for a ``data_name`` without a bundled classifier, non-finite samples, or
-        fewer than ``MIN_TWO_SAMPLE`` samples.
+      ValueError: for non-finite samples, or fewer than ``MIN_TWO_SAMPLE`` samples.
     """
     check_finite(samples)
-    if data_name not in CLASSIFIERS:
-        raise ValueError(
-            f"FD needs a bundled classifier: data.name must be one of {list(CLASSIFIERS)}"
-        )
     two_sample_draws = check_int(two_sample_draws, "two_sample_draws", low=1)
     if samples.shape[0] < MIN_TWO_SAMPLE:
         raise ValueError(
@@ -171,43 +180,41 @@ def evaluate_images(
             f"(5 folds, 3 neighbours); got {samples.shape[0]}: draw more (sampler.num_samples)"
         )
     samples = quantise(samples, dataset.levels)
-    with _stages(7 if source is not None else 6, progress) as stage:
-        stage("classifier")
-        cache = cache_dir or default_cache_dir(os.environ)
-        ext = FeatureExtractor.load_or_train(CLASSIFIERS[data_name](), cache)
-        n = samples.shape[0]
-        stage("features")
-        train_feats, test_feats = ext.features(dataset.train), ext.features(dataset.test)
-        sample_feats = ext.features(samples)
-        stage("FD floor")
-        floor, floor_std = fd_floor(train_feats, test_feats, n, draws=floor_draws, seed=seed)
+    n = samples.shape[0]
+    has_classifier = data_name in CLASSIFIERS
+    stages = 4 + 2 * has_classifier + (source is not None)
+    with _stages(stages, progress) as stage:
         stage("Gaussian baseline")
         gauss = quantise(gaussian_baseline(dataset.train, n, seed=seed), dataset.levels)
-        gauss_feats = ext.features(gauss)
         out = {
             "n": int(n),
-            "fd": fd_features(sample_feats, test_feats),
-            "fd_floor": floor,
-            "fd_floor_std": floor_std,
-            "fd_floor_draws": int(floor_draws),
-            "fd_train_all": fd_features(train_feats, test_feats),
             "n_train": int(dataset.train.shape[0]),
-            "fd_gaussian": fd_features(gauss_feats, test_feats),
-            "classifier_test_accuracy": float(ext.info.get("test_accuracy", float("nan"))),
             "levels": int(dataset.levels),
+            "classifier": has_classifier,
         }
-        stage("two-sample tests")
-        out.update(
-            _two_sample(
-                samples,
-                gauss,
-                dataset,
-                (sample_feats, gauss_feats, train_feats),
-                test_feats,
-                seed=seed,
-                draws=two_sample_draws,
+        feats = None
+        if has_classifier:
+            stage("classifier")
+            cache = cache_dir or default_cache_dir(os.environ)
+            ext = FeatureExtractor.load_or_train(CLASSIFIERS[data_name](), cache)
+            stage("features and FD")
+            train_feats, test_feats = ext.features(dataset.train), ext.features(dataset.test)
+            sample_feats, gauss_feats = ext.features(samples), ext.features(gauss)
+            floor, floor_std = fd_floor(train_feats, test_feats, n, draws=floor_draws, seed=seed)
+            out.update(
+                fd=fd_features(sample_feats, test_feats),
+                fd_floor=floor,
+                fd_floor_std=floor_std,
+                fd_floor_draws=int(floor_draws),
+                fd_train_all=fd_features(train_feats, test_feats),
+                fd_gaussian=fd_features(gauss_feats, test_feats),
+                classifier_test_accuracy=float(ext.info.get("test_accuracy", float("nan"))),
             )
-        )
+            feats = (sample_feats, gauss_feats, train_feats, test_feats)
+        stage("sliced W2")
+        out.update(_sliced_w2_rows(samples, gauss, dataset, seed=seed))
+        stage("two-sample tests")
+        out.update(_two_sample(samples, gauss, dataset, feats, seed=seed, draws=two_sample_draws))
         if source is not None:
             stage("bits/dim")
             out.update(_likelihoods(source, dataset, seed=seed))
@@ -217,25 +224,38 @@ def evaluate_images(
     return out
 
 
-def _two_sample(samples, gauss, dataset, feats, test_feats, *, seed, draws) -> dict:
-    """The C2ST and precision/recall rows of :func:`evaluate_images`."""
-    sample_feats, gauss_feats, train_feats = feats
+def _sliced_w2_rows(samples, gauss, dataset, *, seed: int) -> dict:
+    """Sliced W2 in pixels of the samples, a draw of as many training images (the floor) and
+    the Gaussian baseline, each against the test split."""
+    rng = np.random.default_rng(seed)
+    n = samples.shape[0]
+    floor = dataset.train[rng.choice(dataset.train.shape[0], n, replace=n > dataset.train.shape[0])]
+    flat = lambda x: np.reshape(x, (x.shape[0], -1))  # noqa: E731
+    test = flat(dataset.test)
+    return {
+        f"sliced_w2_{row}": sample_distances(flat(x), test, seed=seed)["sw2"]
+        for row, x in (("samples", samples), ("floor", floor), ("gaussian", gauss))
+    }
+
+
+def _two_sample(samples, gauss, dataset, feats, *, seed, draws) -> dict:
+    """The C2ST and precision/recall rows of :func:`evaluate_images`; ``feats``:
+    ``(samples, gaussian, train, test)`` classifier features, or ``None`` (pixels only)."""
     n, m_test = samples.shape[0], dataset.test.shape[0]
     m = min(n, m_test)
     draws = max(1, min(draws, n // m))
     rng = np.random.default_rng(seed)
     ref_idx = np.arange(m_test) if m == m_test else rng.choice(m_test, m, replace=False)
-    ref, ref_feats = dataset.test[ref_idx], test_feats[ref_idx]
+    ref = dataset.test[ref_idx]
+    ref_feats = None if feats is None else feats[3][ref_idx]
     per_draw = []
     for i in range(draws):
         sl = slice(i * m, (i + 1) * m)
         tr = rng.choice(dataset.train.shape[0], m, replace=False)
         sets = {"samples": samples[sl], "floor": dataset.train[tr], "gaussian": gauss[sl]}
-        feats_i = {
-            "samples": sample_feats[sl],
-            "floor": train_feats[tr],
-            "gaussian": gauss_feats[sl],
-        }
+        feats_i = None
+        if feats is not None:
+            feats_i = {"samples": feats[0][sl], "floor": feats[2][tr], "gaussian": feats[1][sl]}
         per_draw.append(_two_sample_rows(sets, ref, ref_feats, feats_i, seed=seed + i))
     out = {"two_sample_n": int(m), "two_sample_draws": int(draws)}
     for row, metrics in per_draw[0].items():
@@ -272,26 +292,37 @@ def _likelihoods(source, dataset, *, seed: int) -> dict:
     }
 
 
-def evaluate_points(samples, reference, *, seed: int = 0, prior=None) -> dict:
-    """Energy distance and sliced W2 of ``samples: [n, d]`` to ``reference: [m, d]``.
+def evaluate_points(
+    samples, reference, *, seed: int = 0, prior=None, floor=None, train=None
+) -> dict:
+    """Energy distance and sliced W2 of ``samples: [n, d]`` to ``reference: [m, d]``, beside
+    the same distances of ``floor`` (an independent draw of the data, as many points: what a
+    perfect sampler gets) and of ``prior`` (draws of the process's prior: a sampler that
+    did nothing), and, with the ``train`` points a training-free score memorises, the
+    memorisation statistics (:func:`scorelib.metrics.memorisation_stats`: copy rate, NN
+    distances against the reference's).
 
-    With ``prior`` (draws of the process's prior), its energy distance is reported beside.
+    Returns:
+      dict with ``energy_distance``, ``sliced_w2`` and, when given, ``*_floor``, ``*_prior``
+      and ``mem_*``.
 
     Raises:
       ValueError: for non-finite samples.
     """
     check_finite(samples)
-    d = sample_distances(samples, reference, seed=seed)
-    out = {"energy_distance": d["energy"], "sliced_w2": d["sw2"]}
-    if prior is not None:
-        out["energy_distance_prior"] = energy_distance(prior, reference)
+    out = {}
+    for row, x in (("", samples), ("_floor", floor), ("_prior", prior)):
+        if x is not None:
+            d = sample_distances(x, reference, seed=seed)
+            out[f"energy_distance{row}"], out[f"sliced_w2{row}"] = d["energy"], d["sw2"]
+    if train is not None:
+        mem = memorisation_stats(samples, train, reference=reference[: len(samples)])
+        out.update({f"mem_{k}": v for k, v in mem.items()}, mem_n_train=int(len(train)))
     return out
 
 
-def format_image_table(r: dict, name: str) -> str:
-    """Markdown tables of :func:`evaluate_images`'s result."""
-    n = f"{r['n']:,}"
-    lines = [
+def _image_fd_lines(r: dict, name: str, n: str) -> list[str]:
+    return [
         f"| {n} images | FD_{name} vs test (lower is better) | mean NN distance to train |",
         "|---|---|---|",
         f"| samples | {r['fd']:.2f} | {r['mem_sample_nn_mean']:.3f} |",
@@ -302,10 +333,40 @@ def format_image_table(r: dict, name: str) -> str:
         "",
         f"FD ratio samples/floor: {r['fd'] / r['fd_floor']:.2f}; baseline/samples: "
         f"{r['fd_gaussian'] / r['fd']:.1f}x. All {r['n_train']:,} training images vs test "
-        f"(the floor as n grows): {r['fd_train_all']:.2f}. NN-distance ratio samples/test: "
-        f"{r['mem_nn_mean_ratio']:.2f} (well below 1 means copying); copy rate "
-        f"{r['mem_copy_rate']:.3f} vs test {r['mem_reference_copy_rate']:.3f}.",
+        f"(the floor as n grows): {r['fd_train_all']:.2f}. ",
     ]
+
+
+def format_image_table(r: dict, name: str) -> str:
+    """Markdown tables of :func:`evaluate_images`'s result."""
+    n = f"{r['n']:,}"
+    features = "fd" in r
+    if features:
+        lines = _image_fd_lines(r, name, n)
+    else:
+        lines = [
+            f"No feature classifier is bundled for data {name!r}: FD and the feature metrics "
+            "are left out; the pixel metrics below need none.",
+            "",
+            f"| {n} images | sliced W2 to test, pixels | mean NN distance to train |",
+            "|---|---|---|",
+            f"| samples | {r['sliced_w2_samples']:.3f} | {r['mem_sample_nn_mean']:.3f} |",
+            f"| training images, {n} draws (floor) | {r['sliced_w2_floor']:.3f} | |",
+            f"| Gaussian fit to train (baseline) | {r['sliced_w2_gaussian']:.3f} | |",
+            f"| test images (reference) | 0 | {r['mem_reference_nn_mean']:.3f} |",
+            "",
+            "",
+        ]
+    lines[-1] += (
+        f"NN-distance ratio samples/test: {r['mem_nn_mean_ratio']:.2f} (well below 1 means "
+        f"copying); copy rate {r['mem_copy_rate']:.3f} vs test "
+        f"{r['mem_reference_copy_rate']:.3f}."
+    )
+    if features:
+        lines[-1] += (
+            f" Sliced W2 to test in pixels: samples {r['sliced_w2_samples']:.3f}, floor "
+            f"{r['sliced_w2_floor']:.3f}, baseline {r['sliced_w2_gaussian']:.3f}."
+        )
     if "two_sample_n" in r:
         m, k = f"{r['two_sample_n']:,}", r["two_sample_draws"]
 
@@ -321,17 +382,20 @@ def format_image_table(r: dict, name: str) -> str:
             (f"training images, {m} (floor)", "floor"),
             (f"Gaussian fit to train, {m} (baseline)", "gaussian"),
         ]
-        lines += [
-            "",
-            f"| {m} images vs the {m} test images (mean +- std of {k} draws) | C2ST pixels "
-            "| C2ST features | precision / recall, pixels | precision / recall, features |",
-            "|---|---|---|---|---|",
-        ]
-        lines += [
-            f"| {label} | {cell('c2st_pixels', row)} | {cell('c2st_features', row)} "
-            f"| {pr('pixels', row)} | {pr('features', row)} |"
-            for label, row in rows
-        ]
+        head = f"| {m} images vs the {m} test images (mean +- std of {k} draws) | C2ST pixels "
+        if features:
+            head += "| C2ST features | precision / recall, pixels | precision / recall, features |"
+        else:
+            head += "| precision / recall, pixels |"
+        lines += ["", head, "|---" * (5 if features else 3) + "|"]
+        for label, row in rows:
+            line = f"| {label} | {cell('c2st_pixels', row)} "
+            if features:
+                line += f"| {cell('c2st_features', row)} | {pr('pixels', row)} "
+                line += f"| {pr('features', row)} |"
+            else:
+                line += f"| {pr('pixels', row)} |"
+            lines.append(line)
         lines += [
             "",
             f"C2ST: cross-validated accuracy of a classifier telling the set from the test "
@@ -354,12 +418,28 @@ def format_image_table(r: dict, name: str) -> str:
 
 
 def format_points_table(r: dict) -> str:
-    """A markdown table of :func:`evaluate_points`'s result (with the prior's row)."""
-    return (
-        "| | energy distance to target | sliced W2 |\n|---|---|---|\n"
-        f"| samples | {r['energy_distance']:.4f} | {r['sliced_w2']:.4f} |\n"
-        f"| prior draws | {r['energy_distance_prior']:.4f} | |"
-    )
+    """A markdown table of :func:`evaluate_points`'s result: the samples' row beside the
+    floor's (another draw of the data) and the prior's, and the memorisation line."""
+    rows = [
+        ("samples", ""),
+        ("another draw of the data, as many points (floor)", "_floor"),
+        ("prior draws (baseline)", "_prior"),
+    ]
+    lines = ["| | energy distance to target | sliced W2 |", "|---|---|---|"]
+    lines += [
+        f"| {label} | {r[f'energy_distance{k}']:.4f} | {r[f'sliced_w2{k}']:.4f} |"
+        for label, k in rows
+        if f"energy_distance{k}" in r
+    ]
+    if "mem_copy_rate" in r:
+        lines += [
+            "",
+            f"Memorisation of the {r['mem_n_train']} training points: copy rate "
+            f"{r['mem_copy_rate']:.3f} vs the data's "
+            f"{r['mem_reference_copy_rate']:.3f}; NN-distance ratio samples/data "
+            f"{r['mem_nn_mean_ratio']:.2f} (well below 1 means copying).",
+        ]
+    return "\n".join(lines)
 
 
 def load_samples(path: Path) -> np.ndarray:
@@ -408,6 +488,7 @@ def evaluate_and_write(
     cache_dir=None,
     source=None,
     prior=None,
+    train=None,
     title: str = "",
     extra: dict | None = None,
 ) -> dict:
@@ -425,6 +506,8 @@ def evaluate_and_write(
       source: the run's score source for bits/dim, or ``None``.
       prior: ``[n, *data_shape]`` draws of the process's prior (2-D data: their energy
         distance is the baseline row).
+      train: ``[N, d]`` the training points of a training-free score (2-D data: the
+        memorisation statistics).
       title: printed above the table.
       extra: more fields for ``eval.json`` (e.g. the samples' path).
 
@@ -446,8 +529,9 @@ def evaluate_and_write(
         )
         table = format_image_table(result, data.name)
     else:
-        ref = data.reference(samples.shape[0], seed=seed + 1)
-        result = evaluate_points(samples, ref, seed=seed, prior=prior)
+        n = samples.shape[0]
+        ref, floor = data.reference(n, seed=seed + 1), data.reference(n, seed=seed + 2)
+        result = evaluate_points(samples, ref, seed=seed, prior=prior, floor=floor, train=train)
         table = format_points_table(result)
     result.update(extra or {})
     atomic_write_text(Path(out_dir) / "eval.json", json.dumps(result, indent=2))

@@ -63,7 +63,6 @@ class ScoreRun(TrainedRun):
     the run's process, data and sampler.
     """
 
-    process: Any
     graphdef: Any
     sampling: Sampling
     optimizer: Any

@@ -194,6 +194,12 @@ class TrainingFreeRun(Run):
         out = self.write_samples(x, meta, run_dir, step=None)
         prior = np.asarray(jax.random.normal(jax.random.key(s.seed), x.shape))
         evaluate_and_write(
-            x, self.data, out, seed=s.seed, prior=prior, title=f"{self.cfg.name}: {out}"
+            x,
+            self.data,
+            out,
+            seed=s.seed,
+            prior=prior,
+            train=None if self.data.images is not None else self.train,
+            title=f"{self.cfg.name}: {out}",
         )
         return out

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scorelib._checks import check_choice, check_int, check_real, require
+from scorelib._checks import check_choice, check_int, check_real, is_real, require
 from scorelib.processes.base import Process
 
 
@@ -239,6 +239,36 @@ def make_grid(
             )
     opts = {**GRIDS[name], **opts}
     if name == "edm":
-        return edm_grid(steps, final_zero=final_zero, **opts)
+        grid = edm_grid(steps, final_zero=final_zero, **opts)
+        if process is not None:
+            check_in_range(grid, process, "sampler.sigma_max")
+        return grid
+    if process is not None and opts["t_max"] is not None:
+        require(
+            is_real(opts["t_max"]) and opts["t_max"] <= process.t_max,
+            "sampler.t_max",
+            f"<= {process.t_max:g}, the time range's end of the process "
+            f"({type(process).__name__}: the network never saw later times)",
+            opts["t_max"],
+        )
     fn = uniform_t_grid if name == "uniform_t" else log_snr_grid
     return fn(process, steps, final_zero=final_zero, **opts)
+
+
+def check_in_range(grid: np.ndarray, process: Process, field: str) -> None:
+    """Refuse a grid that starts above the process's largest noise level
+    ``ve_sigma(t_max)``: its first steps would query the score at times the process (and a
+    network trained on it) does not cover. The lower end may go below ``ve_sigma(t_min)``
+    (the last steps run to 0 anyway, as EDM's samplers do).
+
+    Raises:
+      ValueError: naming ``field`` and the process's largest level.
+    """
+    top = float(_ve_sigma64(process, np.array([process.t_max]))[0])
+    require(
+        bool(grid[0] <= top * (1 + 1e-9)),
+        field,
+        f"<= {top:.6g}, the largest noise level of the process ({type(process).__name__}: "
+        "ve_sigma(t_max))",
+        float(grid[0]),
+    )

@@ -134,6 +134,26 @@ BAD_COMMANDS = [
     (E, ["run_dir={run}", "samples={npz}"], "must hold an array named 'samples'"),
     (E, ["run_dir={run}", "sampler.seed=9"], "no samples there; draw them with"),
     (E, ["run_dir={run}", "samples={npz}", "sampler.seed=1"], "give one or the other"),
+    # refused before anything is written (issue 21, item 2): the run directory, and the
+    # parents a missing run_dir would have made
+    (T, ["trainer.nonfinite=ignore"], "trainer.nonfinite must be one of ['stop', 'skip']"),
+    (E, ["run_dir={missing}/deeper"], "config.yaml: not found; run_dir must be a training run"),
+    (S, ["run_dir={missing}/deeper"], "config.yaml: not found; run_dir must be a training run"),
+    # grid fields against the process's range (issue 21, item 3): VP's t_max is 1
+    (T, ["experiment=toy_dsm", "sampler.t_max=5"], "sampler.t_max must be <= 1, the time range"),
+    (T, ["experiment=toy_dsm", "sampler.t_max=1.5"], "sampler.t_max must be <= 1"),
+    (
+        T,
+        ["experiment=toy_dsm", "sampler=heun", "sampler.sigma_max=200"],
+        "sampler.sigma_max must be <= 152.167, the largest noise level of the process (VP",
+    ),
+    # 600 levels within 2e-5 of each other are not strictly decreasing in float32: the
+    # message shows the grid cut, not 600 values
+    (
+        T,
+        ["experiment=toy_dsm", "sampler.t_min=0.9999999", "sampler.steps=600"],
+        "use float64=True for finer grids",
+    ),
 ]
 
 
@@ -165,6 +185,7 @@ def test_bad_command_exits_2_with_one_line_naming_the_field(
     assert len(r.err_lines) == 1, r.stderr[-3000:]
     line = r.err_lines[0]
     assert line.startswith("error: ") and expected in line, line
+    assert len(line) <= 300 + len("error: "), line
     assert "Traceback" not in r.stderr + r.stdout
     assert sorted(os.listdir(tmp_path)) == [], os.listdir(tmp_path)  # nothing left behind
     assert not paths["missing"].exists()

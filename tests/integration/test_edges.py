@@ -1,0 +1,121 @@
+"""No work lost and no misleading state at the edges of a run's life (issue 21): a damaged
+checkpoint on resume, the run's own sampler, and every run saying whether it worked."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import yaml
+from entry_helpers import TOY, copy_run, run, run_inprocess
+
+pytestmark = pytest.mark.slow
+
+#: TOY continued by one checkpoint interval (its checkpoints: every 250 steps, the last 3 kept)
+MORE = [a for a in TOY if not a.startswith("trainer.steps=")] + ["trainer.steps=1750"]
+
+
+def _newest_steps(run_dir):
+    ckpt = run_dir / "checkpoints"
+    return sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit())
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(toy_run, tmp_path):
+    run_dir = copy_run(toy_run, tmp_path / "outputs" / "toy_dsm")
+    newest, before = _newest_steps(run_dir)[-1], _newest_steps(run_dir)[-2]
+    (run_dir / f"checkpoints/{newest}/meta/metadata").write_text("")  # an empty JSON file
+    r = run("train", *MORE, cwd=tmp_path, check=False)
+    assert r.code == 0, r.stderr[-3000:]
+    assert f"resuming {run_dir} from step {before} of 1750" in r.stdout, r.stdout
+    assert f"checkpoints/{newest} cannot be read (JSONDecodeError" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert 1750 in _newest_steps(run_dir)
+    assert (run_dir / "checkpoints/unreadable" / str(newest)).is_dir()  # moved aside, kept
+
+
+def test_no_readable_checkpoint_is_one_line_with_advice(toy_run, tmp_path):
+    run_dir = copy_run(toy_run, tmp_path / "outputs" / "toy_dsm")
+    for step in _newest_steps(run_dir):  # truncate the array files of every checkpoint
+        for data in (run_dir / f"checkpoints/{step}/state").rglob("d/*"):
+            data.write_bytes(data.read_bytes()[:10])
+    sample = run_inprocess("sample", f"run_dir={run_dir}")
+    train = run("train", *MORE, cwd=tmp_path, check=False)
+    for r in (sample, train):
+        assert r.code == 1, r.stderr[-3000:]
+        errors = [line for line in r.err_lines if line.startswith("error: ")]
+        assert len(errors) == 1 and "no readable checkpoint in" in errors[0], r.stderr[-3000:]
+        assert errors[0].endswith("move the directory aside to train the run again from step 0")
+        assert len(errors[0]) <= 300 + len("error: ")
+        assert "Traceback" not in r.stderr
+
+
+def test_the_runs_own_sampler_changes_only_when_asked(toy_run, tmp_path):
+    run_dir = copy_run(toy_run, tmp_path / "outputs" / "toy_dsm")
+    stored = yaml.safe_load((run_dir / "config.yaml").read_text())["sampler"]
+    other = [a for a in TOY if not a.startswith("sampler.")] + ["sampler.t_max=0.5"]
+    other += ["sampler.num_samples=200", "sampler.batch_size=200", "sampler.steps=20"]
+    r = run("train", *other, cwd=tmp_path)  # the run is complete: it only draws samples
+    assert "the run's own sampler stays" in r.stdout
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["sampler"] == stored
+    e = run_inprocess("evaluate", f"run_dir={run_dir}")
+    assert e.code == 0, e.stderr[-3000:]
+    assert "evaluating " in e.stdout and "euler_maruyama_100_n1000_seed0" in e.stdout
+    assert "(euler_maruyama, 100 steps, checkpoint step 1500, EMA weights)" in e.stdout
+    # with the flag, this command's sampler becomes the run's own
+    r = run("train", *other, "set_default_sampler=true", cwd=tmp_path)
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["sampler"]["t_max"] == 0.5
+    assert r.stdout.count("run directory: ") == 1 and str(run_dir) in r.stdout
+
+
+def test_training_says_whether_it_worked(tmp_path):
+    """A toy run prints its evaluation when it ends: the samples' distances beside another
+    draw of the data (the floor) and the prior's."""
+    args = [a for a in TOY if not a.startswith("trainer.steps=")] + ["trainer.steps=50"]
+    r = run("train", *args, cwd=tmp_path)
+    assert "| samples |" in r.stdout
+    assert "| another draw of the data, as many points (floor) |" in r.stdout
+    assert "| prior draws (baseline) |" in r.stdout
+    out = tmp_path / "outputs/toy_dsm/samples/step50/euler_maruyama_100_n1000_seed0"
+    result = json.loads((out / "eval.json").read_text())
+    assert result["energy_distance_floor"] < result["energy_distance_prior"]
+
+
+def test_a_training_free_toy_prints_its_copy_rate(tmp_path):
+    r = run_inprocess(
+        "sample",
+        "experiment=cfdm_moons",
+        "sampler.num_samples=100",
+        f"run_dir={tmp_path / 'cfdm'}",
+    )
+    assert r.code == 0, r.stderr[-3000:]
+    assert "Memorisation of the 50 training points: copy rate" in r.stdout
+    assert "(floor)" in r.stdout
+
+
+def test_a_user_npz_run_is_evaluated_without_a_classifier(tmp_path):
+    """``data=npz`` has no bundled feature classifier: evaluate reports the pixel two-sample
+    test, precision/recall, sliced W2 and memorisation, each beside its floor."""
+    rng = np.random.default_rng(0)
+    train = rng.integers(0, 256, (200, 8, 8, 1), dtype=np.uint8)
+    test = rng.integers(0, 256, (100, 8, 8, 1), dtype=np.uint8)
+    np.savez(tmp_path / "images.npz", images=train, test_images=test)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cfg = {"name": "mine", "data": {"name": "npz", "path": str(tmp_path / "images.npz")}}
+    cfg["data"].update(key="images", sigma_data=0.5, dequantise=False)
+    cfg["process"] = {"_target_": "scorelib.processes.EDM"}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
+    samples = tmp_path / "samples.npz"
+    np.savez(samples, samples=rng.uniform(-1, 1, (100, 8, 8, 1)).astype(np.float32))
+    r = run_inprocess("evaluate", f"run_dir={run_dir}", f"samples={samples}")
+    assert r.code == 0, r.stderr[-3000:]
+    assert "No feature classifier is bundled for data 'npz'" in r.stdout
+    for row in ("| samples |", "(floor)", "(baseline)", "C2ST pixels", "copy rate"):
+        assert row in r.stdout, row
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert {"c2st_pixels_samples", "c2st_pixels_floor", "recall_pixels_samples"} <= set(result)
+    assert {"sliced_w2_samples", "sliced_w2_floor", "mem_copy_rate"} <= set(result)
+    assert "fd" not in result
+    assert os.path.isfile(tmp_path / "eval.md")
