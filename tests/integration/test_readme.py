@@ -74,6 +74,17 @@ def _jobs(words: list[str]) -> list[list[str]]:
 
 def test_every_command_the_docs_show_composes():
     schema.register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        composed, skipped, failures = _compose_all()
+    print(f"composed {composed} commands of the docs; skipped {len(skipped)} with placeholders")
+    assert not failures, "\n".join(failures)
+    assert composed >= MIN_COMPOSED, (composed, skipped)
+    assert len(skipped) <= 10, skipped
+
+
+def _compose_all() -> tuple[int, list[str], list[str]]:
+    """Compose every shown command (inside an initialised Hydra); ``(composed, skipped,
+    failures)``."""
     composed, skipped, failures = 0, [], []
     for page, app, words in shown_commands():
         line = f"{page.name}: python -m experiments.{app} {' '.join(words)}"
@@ -85,16 +96,12 @@ def test_every_command_the_docs_show_composes():
             continue
         try:
             for overrides in _jobs(words):
-                with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-                    compose(app, overrides=overrides, return_hydra_config=True)
+                compose(app, overrides=overrides, return_hydra_config=True)
         except Exception as e:  # report every failing command at once
             failures.append(f"{line}\n  {type(e).__name__}: {str(e).splitlines()[0]}")
         else:
             composed += 1
-    print(f"composed {composed} commands of the docs; skipped {len(skipped)} with placeholders")
-    assert not failures, "\n".join(failures)
-    assert composed >= MIN_COMPOSED, (composed, skipped)
-    assert len(skipped) <= 10, skipped
+    return composed, skipped, failures
 
 
 @pytest.mark.slow
