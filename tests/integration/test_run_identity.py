@@ -8,6 +8,7 @@ import re
 import shlex
 
 import pytest
+from doc_pages import all_text
 from entry_helpers import ROOT, TOY, copy_run, run
 from omegaconf import OmegaConf
 
@@ -51,11 +52,12 @@ def _run_dir_of(command: str) -> str:
     return f"outputs/{cfg.name}/{cfg.hydra.job.override_dirname}".rstrip("/")
 
 
-def test_readme_shows_the_directory_each_training_example_writes():
+def test_the_docs_show_the_directory_each_training_example_writes():
+    """Each ``python -m experiments.train ...  # -> outputs/...`` of README.md and docs/*.md."""
     schema.register_configs()
-    readme = (ROOT / "README.md").read_text()
-    examples = re.findall(r"python -m experiments\.train ([^\n#]*?)\s*# -> (outputs/\S+)", readme)
-    assert len(examples) >= 5, examples
+    text = all_text()
+    examples = re.findall(r"python -m experiments\.train ([^\n#]*?)\s*# -> (outputs/\S+)", text)
+    assert len(examples) >= 12, examples
     for command, shown in examples:
         assert _run_dir_of(command) == shown, command
 

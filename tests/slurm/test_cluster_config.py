@@ -1,7 +1,7 @@
 """The cluster/ group and the Slurm launcher config, without a Slurm: the launcher takes its
 resources from cluster/, no cluster field is part of a run's name, a sweep's job writes
-where the same single run writes, and the README's CIFAR-10 recipe points the table at the
-directory its training command writes."""
+where the same single run writes, and the docs' CIFAR-10 recipe (docs/clusters.md) points the
+table at the directory its training command writes."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import re
 import shlex
 
 import pytest
+from doc_pages import all_text
 from hydra import compose, initialize_config_dir
 from slurm_helpers import ROOT
 
@@ -69,8 +70,8 @@ def test_bad_cluster_field_is_refused_at_start_up():
         _compose(["cluster.gpus_per_node=two"])
 
 
-def test_readme_cifar_recipe_points_the_table_at_the_trained_run():
-    text = (ROOT / "README.md").read_text()
+def test_the_docs_cifar_recipe_points_the_table_at_the_trained_run():
+    text = all_text()
     block = re.search(
         r"python -m experiments\.train -m (hydra/launcher=slurm cluster=gpu [^#]*?"
         r"name=cifar10_edm[^#]*?)\n# the run directory",
@@ -138,7 +139,7 @@ def test_the_cifar10_fdistill_recipe_asks_the_launcher_for_a_node_of_gpus():
     """The Slurm command in the fdistill_cifar10 preset's comment composes to the preset
     with 8 GPUs per job, one task (JAX process) each, the 2048 batch a multiple of them
     (without ``cluster=gpu`` the jobs get ``cluster=local``'s resources: no GPU); the
-    README gives the same command."""
+    docs give the same command."""
     command = re.search(
         r"#   (python -m experiments\.distill -m (?:[^\n]*\\\n#)*[^\n]*)",
         (ROOT / "configs/experiment/fdistill_cifar10.yaml").read_text(),
@@ -153,5 +154,5 @@ def test_the_cifar10_fdistill_recipe_asks_the_launcher_for_a_node_of_gpus():
     assert cfg.hydra.launcher.tasks_per_node == 8 and cfg.cluster.tasks_per_node == 8
     assert cfg.trainer.batch_size % 8 == 0
     assert (cfg.trainer.batch_size, cfg.trainer.steps, cfg.distill.r1_weight) == (2048, 60000, 1)
-    readme = " ".join((ROOT / "README.md").read_text().split())
-    assert " ".join(words[:7]) in readme, " ".join(words[:7])
+    docs = " ".join(all_text().split())
+    assert " ".join(words[:7]) in docs, " ".join(words[:7])
