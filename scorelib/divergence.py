@@ -8,7 +8,7 @@ estimator of the trace of the influence matrix for Laplacian smoothing splines",
 * ``'jvp'``: ``eps^T J eps`` with ``J eps`` from one forward-mode product (``jax.jvp``): exact
   for each probe, so unbiased whatever the field;
 * ``'fd'``: the finite difference ``eps^T (fn(x + h eps) - fn(x)) / h`` (Ramani, Blu and
-  Unser, "Monte-Carlo SURE", IEEE TIP 2008, eq. 8): one more evaluation of ``fn`` per probe
+  Unser, "Monte-Carlo SURE", IEEE TIP 2008): one more evaluation of ``fn`` per probe
   and no derivative code, at a bias of order ``h`` (the field's curvature) and a float32
   rounding error of order ``ulp(|fn|) / h``.
 
@@ -80,7 +80,7 @@ def value_and_divergence(
         positive number with ``'fd'``.
 
     Reference: Hutchinson 1989; Grathwohl et al. 2019 (FFJORD), Sec. 3; Ramani, Blu and
-    Unser 2008, eq. 8 (the finite difference).
+    Unser 2008 (the finite difference).
     """
     check_choice(estimator, "estimator", ESTIMATORS)
     axes = tuple(range(1, eps.ndim))

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hydra import compose, initialize_config_dir
+
+from experiments import schema
+
 
 def compose_train(overrides):
-    from hydra import compose, initialize_config_dir
-
-    from experiments import schema
-
     schema.register_configs()
     root = Path(__file__).resolve().parents[1]
     with initialize_config_dir(config_dir=str(root / "configs"), version_base="1.3"):

@@ -2,7 +2,7 @@
 
 The setting of learning a score from noisy data (Aali, Arvinte, Kumar and Tamir, "Solving
 inverse problems with score-based generative priors learned from noisy data", arXiv
-2305.01166, 2023, Sec. II): only one noisy copy of each training example exists, so the
+2305.01166, 2023): only one noisy copy of each training example exists, so the
 corruption is drawn *once* per example and held fixed (every epoch sees the same ``y_i``),
 not redrawn per batch. Example ``i`` draws its noise from ``fold_in(key(seed), i)``
 (:func:`scorelib.keys.example_keys`), so its noisy copy depends only on ``(seed, i)``: not on

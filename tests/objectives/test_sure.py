@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 from compose_train import compose_train
 
+from experiments import build
+from scorelib.data import load_digits
 from scorelib.divergence import probe_vectors
 from scorelib.objectives import SURE, example_draws, sure_risk
 from scorelib.processes import EDM, VP, broadcast_to_data
@@ -275,9 +277,6 @@ def test_sure_risk_refuses_bad_probes_and_sigma():
 
 
 def test_objective_sure_takes_its_noise_level_from_the_data():
-    from experiments import build
-    from scorelib.data import load_digits
-
     noisy = ["data=digits", "data.dequantise=false", "data.noise_sigma=0.2"]
     cfg = compose_train([*noisy, "objective=sure"])
     data = build.build_data(cfg)
@@ -313,8 +312,6 @@ def test_objective_sure_takes_its_noise_level_from_the_data():
     ],
 )
 def test_bad_configs_are_refused_naming_the_field(overrides, match):
-    from experiments import build
-
     cfg = compose_train(overrides)
     with pytest.raises(ValueError, match=match) as e:
         data = build.build_data(cfg)
