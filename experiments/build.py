@@ -39,6 +39,7 @@ from scorelib.data import (
     toy_sample,
 )
 from scorelib.data.images import ImageDataset, level_spacing
+from scorelib.data.noisy import check_noise_sigma, noisy_dataset
 from scorelib.data.toy import TOY_NAMES
 from scorelib.processes import Process
 from scorelib.samplers import get_sampler, make_grid
@@ -46,6 +47,9 @@ from scorelib.training.loop import NONFINITE_MODES
 
 DATA_NAMES = ("digits", "mnist", "toy", "npz", "target")
 GRIDS = tuple(schema.GRID_OPTIONS)
+#: Seed of the noise of ``data.noise_sigma``: the noisy training set is one fixed draw, the
+#: same for every ``trainer.seed`` (the noisy data are given, as in SURE-Score's setting).
+NOISE_SEED = 0
 
 #: Fields that belong to one value of a selector field of the same node:
 #: ``{_target_: (selector, {field: values that use it})}``. ``null`` means "not given".
@@ -139,6 +143,14 @@ def build_data(cfg: DictConfig) -> Data:
         check_choice(dc.toy, "data.toy", TOY_NAMES)
         return Data(name=f"toy:{dc.toy}", data_shape=(2,), images=None)
     dequantise = bool(dc.get("dequantise", False))  # the schema admits true or false only
+    if dc.get("noise_sigma") is not None:
+        noise_sigma = check_noise_sigma(dc.noise_sigma)
+        if dequantise:
+            raise ValueError(
+                "data.dequantise must be false with data.noise_sigma (noisy images are not on "
+                "grey levels); got true"
+            )
+        ds = noisy_dataset(ds, noise_sigma, seed=NOISE_SEED)
     return Data(name=name, data_shape=ds.data_shape, images=ds, dequantise=dequantise)
 
 
@@ -255,11 +267,12 @@ def build_model(cfg: DictConfig, data_shape: tuple[int, ...], seed: int) -> nnx.
 
 def build_objective(cfg: DictConfig, process, data: Data | None = None):
     """The objective of ``cfg.objective`` on ``process``; an objective whose builder takes
-    ``train`` (``objective=smoothed``) gets the training images of ``data``.
+    ``train`` (``objective=smoothed``) gets the training images of ``data``, one that takes
+    ``sigma_n`` (``objective=sure``) their noise level ``data.noise_sigma``.
 
     Raises:
       ValueError: naming the field (``objective.train`` for such an objective without image
-        data).
+        data, ``objective.sigma_n`` for one without noisy image data).
     """
     if "target" in cfg.objective and "target" not in cfg.data:
         raise ValueError(
@@ -276,7 +289,17 @@ def build_objective(cfg: DictConfig, process, data: Data | None = None):
         )
     make = instantiate({"_target_": target, **kwargs}, _partial_=True, _convert_="all")
     fn = get_object(target)
-    if "train" in inspect.signature(fn.__init__ if inspect.isclass(fn) else fn).parameters:
+    params = inspect.signature(fn.__init__ if inspect.isclass(fn) else fn).parameters
+    if "sigma_n" in params:
+        noise = 0.0 if data is None or data.images is None else data.images.noise_sigma
+        if not noise:
+            raise ValueError(
+                f"objective.sigma_n: {target} learns from noisy training images and takes their "
+                "noise level from data.noise_sigma; set data.noise_sigma > 0 (image data); got "
+                f"data={cfg.data.name}, data.noise_sigma={cfg.data.get('noise_sigma')}"
+            )
+        return make(process=process, sigma_n=noise)
+    if "train" in params:
         if data is None or data.images is None:
             raise ValueError(
                 f"objective.train: {target} regresses onto a score of the training set: it "

@@ -149,6 +149,23 @@ class SmoothedObjectiveConfig:
     reduce: str = "mean"
 
 
+@dataclass
+class SUREObjectiveConfig:
+    """``objective=sure``: SURE-Score (``scorelib.objectives.sure``), a score learned from
+    noisy training images; its noise level ``sigma_n`` is ``data.noise_sigma``."""
+
+    _target_: str = "scorelib.objectives.SURE"
+    sure_weight: float = 1.0  # the SURE term's weight (> 0) against the DSM term's 1
+    probes: int = 1  # divergence probes per example (>= 1)
+    probe: str = "rademacher"  # rademacher | gaussian
+    divergence: str = "jvp"  # jvp (exact b^T J b) | fd (finite difference)
+    eps: float | None = None  # divergence=fd only: the step (null: 1e-3, data units)
+    P_mean: float = -1.2
+    P_std: float = 1.2
+    sigma_data: float = 0.5
+    reduce: str = "mean"
+
+
 # --- sampler -------------------------------------------------------------------
 
 #: Options of each grid (``scorelib.samplers.grids``); ``null`` in a config means "the
@@ -319,6 +336,9 @@ class ImageDataConfig(DataConfig):
     # train on dequantised images: each pixel plus uniform noise over its grey level's bin
     # (scorelib.data.get_dequantised_batch), the density that bits/dim scores
     dequantise: bool = False
+    # train on one fixed noisy copy x + noise_sigma n of each training image (data units, > 0;
+    # scorelib.data.noisy_dataset; the test split stays clean); null: the clean images
+    noise_sigma: float | None = None
 
 
 @dataclass
@@ -475,6 +495,7 @@ def group_schemas() -> dict[tuple[str, str], type]:
         ("objective", "edm"): EDMLossConfig,
         ("objective", "dsm"): DSMConfig,
         ("objective", "smoothed"): SmoothedObjectiveConfig,
+        ("objective", "sure"): SUREObjectiveConfig,
         ("data", "digits"): DigitsDataConfig,
         ("data", "mnist"): MnistDataConfig,
         ("data", "toy"): ToyDataConfig,

@@ -11,6 +11,7 @@ from scorelib.data.images import (
     stratified_split,
     uniform_dequantise,
 )
+from scorelib.data.noisy import corrupt, noisy_dataset
 from scorelib.data.targets import (
     EnergyTarget,
     GaussianMixtureTarget,
@@ -31,6 +32,7 @@ __all__ = [
     "TOY_NAMES",
     "ImageDataset",
     "batch_indices",
+    "corrupt",
     "batch_keys",
     "get_batch",
     "get_dequantised_batch",
@@ -39,6 +41,7 @@ __all__ = [
     "load_mnist_subset",
     "load_npz",
     "mnist_subset_path",
+    "noisy_dataset",
     "ring_means",
     "stratified_split",
     "toy_batch",

@@ -34,12 +34,15 @@ class ImageDataset:
 
     Attributes:
       name: a short name (``"digits"``, ``"mnist_subset"``, or the npz path).
-      train: ``[n_train, H, W, C]`` float32 in ``[-1, 1]``.
+      train: ``[n_train, H, W, C]`` float32 in ``[-1, 1]`` (beyond it when noisy, below).
       test: ``[n_test, H, W, C]`` float32 in ``[-1, 1]``, or ``None``.
       train_labels, test_labels: ``[n]`` int32 class labels, or ``None``.
       levels: number of grey levels of the stored pixels, evenly spaced over ``[-1, 1]``
         (17 for the digits, 256 for 8-bit images); generated images are compared with
         these only after :func:`quantise` to the same levels.
+      noise_sigma: 0 for clean data; else ``train`` holds one noisy copy ``x + noise_sigma n``
+        of each clean example (:func:`scorelib.data.noisy.noisy_dataset`; data units) and
+        ``test`` the clean held-out images.
     """
 
     name: str
@@ -48,6 +51,7 @@ class ImageDataset:
     train_labels: np.ndarray | None = None
     test_labels: np.ndarray | None = None
     levels: int = 256
+    noise_sigma: float = 0.0
 
     @property
     def data_shape(self) -> tuple[int, ...]:

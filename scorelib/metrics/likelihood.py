@@ -42,53 +42,18 @@ import numpy as np
 
 from scorelib._checks import check_choice, check_int, check_real
 from scorelib.data.images import level_spacing, quantise, uniform_dequantise
+from scorelib.divergence import (  # their home (scorelib/divergence.py)
+    PROBE_NOISES,
+    exact_divergence,
+    hutchinson_divergence,
+    probe_vectors,
+)
 from scorelib.keys import example_keys
 from scorelib.processes.base import Process
 
 Array = Any
 
 DIVERGENCES = ("exact", "hutchinson")
-PROBE_NOISES = ("rademacher", "gaussian")
-
-
-def probe_vectors(key: jax.Array, probes: int, d: int, noise: str = "rademacher") -> Array:
-    """``[probes, d]`` float32 Hutchinson probes with ``E[eps eps^T] = I``.
-
-    Rademacher (+-1 with probability 1/2 each; Hutchinson 1989) has the smaller variance
-    (``sum_{i<j} (A_ij + A_ji)^2`` against Gaussian's ``2 |(A + A^T)/2|_F^2``, for one probe
-    of ``eps^T A eps``).
-
-    Raises:
-      ValueError: naming ``probes`` or ``noise``.
-    """
-    probes = check_int(probes, "probes", low=1)
-    check_choice(noise, "noise", PROBE_NOISES)
-    if noise == "rademacher":
-        return jax.random.rademacher(key, (probes, d), dtype=jnp.float32)
-    return jax.random.normal(key, (probes, d), dtype=jnp.float32)
-
-
-def exact_divergence(fn, x: Array) -> Array:
-    """``div fn(x) = tr(d fn / d x)`` of ``fn: [d] -> [d]`` at ``x: [d]``: a scalar.
-
-    The full Jacobian by forward mode (``d`` Jacobian-vector products): for small ``d``.
-    """
-    return jnp.trace(jax.jacfwd(fn)(x))
-
-
-def hutchinson_divergence(fn, x: Array, eps: Array) -> Array:
-    """Hutchinson's estimate ``mean_p eps_p^T (d fn / d x) eps_p`` of ``div fn(x)``: a scalar.
-
-    Args:
-      fn: ``[d] -> [d]``.
-      x: ``[d]``.
-      eps: ``[probes, d]`` probes with ``E[eps eps^T] = I`` (:func:`probe_vectors`); the
-        estimate averages them (its variance falls as ``1 / probes``).
-
-    Reference: Hutchinson 1989; Grathwohl et al. 2019 (FFJORD), Sec. 3.
-    """
-    jvp = jax.vmap(lambda e: jax.jvp(fn, (x,), (e,))[1])(eps)
-    return jnp.mean(jnp.sum(jvp * eps, axis=-1))
 
 
 def pf_ode_log_likelihood(

@@ -8,6 +8,7 @@ from scorelib.objectives import weights
 from scorelib.objectives.base import Objective, example_draws, reduce_per_example
 from scorelib.objectives.dsm import DSM, EDMLoss
 from scorelib.objectives.smoothed import SmoothedScoreMatching
+from scorelib.objectives.sure import SURE, sure_risk
 from scorelib.objectives.tsm import (
     KAPPAS,
     TSM,
@@ -25,6 +26,8 @@ __all__ = [
     "TSM",
     "MixedScoreMatching",
     "SmoothedScoreMatching",
+    "SURE",
+    "sure_risk",
     "KAPPAS",
     "kappa_schedule",
     "label_residuals",

@@ -43,6 +43,11 @@ BAD_COMMANDS = [
     (T, ["+trainer.stpes=5"], "trainer.stpes is not a field of trainer"),
     (T, ["+optim.lrr=1"], "optim.lrr is not a field of optim"),
     (T, ["+data.dequantize=true"], "did you mean dequantise?"),
+    # SURE-Score: noisy data with a noise level > 0, and the objective only on noisy data
+    (T, ["objective=sure"], "objective.sigma_n: scorelib.objectives.SURE learns from noisy"),
+    (T, ["data.noise_sigma=0"], "data.noise_sigma must be a number in (0.0, inf); got 0"),
+    (T, ["data.noise_sigma=0.2"], "data.dequantise must be false with data.noise_sigma"),
+    (T, ["experiment=toy_dsm", "data.noise_sigma=0.2"], "data.noise_sigma is not a field of"),
     (T, ["+sampler.stepz=10"], "did you mean steps?"),
     (
         T,

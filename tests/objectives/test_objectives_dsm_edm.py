@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from compose_train import compose_train
 
 from scorelib.objectives import DSM, EDMLoss, example_draws
 from scorelib.processes import EDM, VE, VP, SubVP, broadcast_to_data
@@ -385,37 +386,24 @@ def test_example_draws_distribution():
         assert abs(np.corrcoef(a, b)[0, 1]) < 4 / np.sqrt(len(a))
 
 
-def _compose_train(overrides):
-    from pathlib import Path
-
-    from hydra import compose, initialize_config_dir
-
-    from experiments import schema
-
-    schema.register_configs()
-    root = Path(__file__).resolve().parents[2]
-    with initialize_config_dir(config_dir=str(root / "configs"), version_base="1.3"):
-        return compose("train", overrides=overrides)
-
-
 def test_floor_through_the_config_and_the_mnist_preset():
     """objective.p_uniform / objective.sigma_range reach EDMLoss; the MNIST MLP preset's
     floor covers the process's [sigma_min, sigma_max]; bad values are refused naming the
     field, before anything is compiled."""
     from experiments import build
 
-    cfg = _compose_train(["experiment=mnist_mlp_edm"])
+    cfg = compose_train(["experiment=mnist_mlp_edm"])
     obj = build.build_objective(cfg, build.build_process(cfg))
     assert isinstance(obj, EDMLoss) and obj.p_uniform == 0.1
     assert obj.sigma_range == (cfg.process.sigma_min, cfg.process.sigma_max) == (0.002, 80.0)
-    plain = build.build_objective(_compose_train(["objective=edm"]), EDM())
+    plain = build.build_objective(compose_train(["objective=edm"]), EDM())
     assert plain.p_uniform == 0.0 and plain.sigma_range is None  # EDM's loss unchanged
     for over, field in [
         (["objective=edm", "objective.sigma_range=[0.002,80]"], "objective.sigma_range"),
         (["objective=edm", "objective.p_uniform=0.2"], "objective.sigma_range"),
         (["objective=edm", "objective.p_uniform=1.5"], "objective.p_uniform"),
     ]:
-        cfg = _compose_train(over)
+        cfg = compose_train(over)
         with pytest.raises(ValueError, match=field.replace(".", r"\.")):
             build.build_objective(cfg, build.build_process(cfg))
 
@@ -425,7 +413,7 @@ def test_train_refuses_the_fisher_weighting():
     experiments.train does not build: refused, naming the field, not trained wrongly."""
     from experiments import build
 
-    cfg = _compose_train(
+    cfg = compose_train(
         [
             "experiment=tsm_gmm",
             "objective.kappa=switch",

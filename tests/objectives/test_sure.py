@@ -1,0 +1,319 @@
+"""SURE-Score (scorelib/objectives/sure.py) against closed forms and a float64 per-example loop.
+
+* Stein's unbiased risk estimate equals the true denoising MSE in expectation: on Gaussian
+  data ``x ~ N(0, s^2 I)``, ``y = x + sigma_n n``, a linear denoiser ``h(y) = a y`` has
+  ``E|h(y) - x|^2 = d ((1 - a)^2 s^2 + a^2 sigma_n^2)`` (written here, not by the library),
+  which is smallest at the optimal (Tweedie) denoiser ``a* = s^2 / (s^2 + sigma_n^2)``; for a
+  non-linear denoiser SURE minus the true squared error (which uses the clean ``x`` SURE never
+  sees) has mean zero.
+* The objective's per-example losses equal a NumPy float64 loop written from the module
+  docstring with the toy denoiser's Jacobian in closed form, for batch sizes 1, 2 and 7.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import closed_forms
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from compose_train import compose_train
+
+from experiments import build
+from scorelib.data import load_digits
+from scorelib.divergence import probe_vectors
+from scorelib.objectives import SURE, example_draws, sure_risk
+from scorelib.processes import EDM, VP, broadcast_to_data
+from scorelib.scores import ScoreSource
+
+# --- SURE in expectation: closed forms on a Gaussian ----------------------------------
+
+S, SIGMA_N, D_G, N = 0.8, 0.5, 16, 20_000
+A_STAR = S**2 / (S**2 + SIGMA_N**2)
+
+
+def linear_mse(a):
+    """``E|a y - x|^2`` for ``x ~ N(0, s^2 I_d)``, ``y = x + sigma_n n``."""
+    return D_G * ((1 - a) ** 2 * S**2 + a**2 * SIGMA_N**2)
+
+
+@functools.lru_cache(maxsize=1)
+def gaussian_pairs():
+    kx, kn = jax.random.split(jax.random.key(0))
+    x = S * jax.random.normal(kx, (N, D_G))
+    return x, x + SIGMA_N * jax.random.normal(kn, (N, D_G))
+
+
+@functools.partial(jax.jit, static_argnames=("denoise", "divergence", "probe", "eps"))
+def _risk(y, key, denoise, divergence, probe, eps):
+    probes = jax.vmap(lambda k: probe_vectors(k, 2, D_G, probe))(jax.random.split(key, N))
+    return sure_risk(denoise, y, probes, sigma_n=SIGMA_N, divergence=divergence, eps=eps)
+
+
+DIVS = [("jvp", "gaussian", None), ("fd", "rademacher", 1e-2)]
+
+
+@pytest.mark.parametrize("divergence,probe,eps", DIVS)
+def test_sure_is_the_linear_denoisers_mse_in_expectation(divergence, probe, eps):
+    """For ``a`` below, at and above ``a*``: the sample mean of SURE (which sees only ``y``)
+    is the closed-form MSE within 4 standard errors, and SURE is smallest at ``a*``, the
+    optimal denoiser, whose MSE is ``d s^2 sigma_n^2 / (s^2 + sigma_n^2)``."""
+    x, y = gaussian_pairs()
+    means = {}
+    for a in (0.3, A_STAR, 1.1):
+        h, risk = _risk(y, jax.random.key(1), lambda v, a=a: a * v, divergence, probe, eps)
+        np.testing.assert_allclose(np.asarray(h), a * np.asarray(y), rtol=1e-6, atol=1e-7)
+        risk = np.asarray(risk, np.float64)
+        se = risk.std() / math.sqrt(N)
+        assert abs(risk.mean() - linear_mse(a)) < 4 * se, (a, risk.mean(), linear_mse(a), se)
+        # the closed form itself, against the true error that uses the clean x
+        err = np.sum((a * np.asarray(y, np.float64) - np.asarray(x, np.float64)) ** 2, -1)
+        assert abs(err.mean() - linear_mse(a)) < 4 * err.std() / math.sqrt(N)
+        means[a] = risk.mean()
+    assert linear_mse(A_STAR) == pytest.approx(D_G * S**2 * SIGMA_N**2 / (S**2 + SIGMA_N**2))
+    assert means[A_STAR] < min(means[0.3], means[1.1])
+
+
+def nonlinear(v):
+    """A non-linear denoiser with a non-diagonal Jacobian (one example ``[d]``)."""
+    return 0.6 * v + 0.3 * jnp.tanh(2.0 * v) + 0.1 * jnp.sin(jnp.sum(v)) - 0.05
+
+
+@pytest.mark.parametrize("divergence,probe,eps", DIVS)
+def test_sure_minus_the_true_error_has_mean_zero_for_a_nonlinear_denoiser(divergence, probe, eps):
+    x, y = gaussian_pairs()
+    h, risk = _risk(y, jax.random.key(2), nonlinear, divergence, probe, eps)
+    err = np.sum((np.asarray(h, np.float64) - np.asarray(x, np.float64)) ** 2, -1)
+    diff = np.asarray(risk, np.float64) - err
+    assert abs(diff.mean()) < 4 * diff.std() / math.sqrt(N), (diff.mean(), diff.std())
+    assert err.mean() > 1.0  # not a vacuous comparison
+
+
+# --- the objective against a float64 per-example loop --------------------------------
+
+
+class ToySource(ScoreSource):
+    """``D(x, t) = x / (1 + t) + 0.3 w sin(x) + 0.2 tanh(mean(x))`` per example: non-linear,
+    time-dependent, with a non-diagonal Jacobian."""
+
+    w: float = 0.7
+
+    def denoiser(self, x, t):
+        tb = broadcast_to_data(t, x)
+        m = jnp.mean(x, axis=tuple(range(1, x.ndim)), keepdims=True)
+        return x / (1.0 + tb) + 0.3 * self.w * jnp.sin(x) + 0.2 * jnp.tanh(m)
+
+
+def np_denoiser(x, t, w=0.7):
+    return x / (1.0 + t) + 0.3 * w * np.sin(x) + 0.2 * np.tanh(np.mean(x))
+
+
+def np_btjb(x, t, b, w=0.7):
+    """``b^T J b`` of :func:`np_denoiser` at ``x``, from its Jacobian in closed form:
+    ``diag(1 / (1 + t) + 0.3 w cos x) + 0.2 sech^2(mean x) / d * ones``."""
+    diag = 1.0 / (1.0 + t) + 0.3 * w * np.cos(x)
+    return np.sum(b**2 * diag) + 0.2 / np.cosh(np.mean(x)) ** 2 / x.size * np.sum(b) ** 2
+
+
+EDM_HP = dict(P_mean=-0.8, P_std=0.6, sigma_data=0.7)  # not the defaults
+
+
+def _objectives(proc, sigma_n):
+    return (
+        SURE(proc, sigma_n=sigma_n, **EDM_HP),
+        SURE(
+            proc,
+            sigma_n=sigma_n,
+            sure_weight=0.3,
+            probes=3,
+            probe="gaussian",
+            divergence="fd",
+            eps=1e-2,
+            reduce="sum",
+            **EDM_HP,
+        ),
+    )
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _evaluate(objs, source, y, key):
+    return [(o.example_losses(source, y, key), o(source, y, key)) for o in objs]
+
+
+def reference(obj, proc, y, key):
+    """Per example, in float64, from the module docstring and the documented key streams."""
+    y = np.asarray(y, np.float64)
+    b_count, shape = y.shape[0], y.shape[1:]
+    d = math.prod(shape)
+    sn = obj.sigma_n
+    t_n = float(closed_forms.t_of_ve_sigma(proc, sn))
+    a_n = float(closed_forms.alpha_sigma(proc, t_n)[0])
+    k_dsm, k_probe = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
+    z, n = (np.asarray(v, np.float64) for v in example_draws(k_dsm, jnp.zeros(y.shape), "normal"))
+    sd = obj.sigma_data
+    out = {"loss": [], "sure": [], "dsm": [], "sigma": []}
+    for i in range(b_count):
+        kb = jax.random.fold_in(k_probe, i)
+        probes = np.asarray(probe_vectors(kb, obj.probes, d, obj.probe), np.float64)
+        yi = y[i].ravel()
+        h = np_denoiser(a_n * yi, t_n)
+        if obj.divergence == "jvp":  # d h / d y = alpha_n J(alpha_n y)
+            div = np.mean([a_n * np_btjb(a_n * yi, t_n, bp) for bp in probes])
+        else:
+            div = np.mean(
+                [bp @ (np_denoiser(a_n * (yi + obj.eps * bp), t_n) - h) / obj.eps for bp in probes]
+            )
+        sure = np.sum((yi - h) ** 2) + 2 * sn**2 * div - d * sn**2
+        sure = sure / d if obj.reduce == "mean" else sure
+        s = math.exp(obj.P_mean + obj.P_std * z[i])
+        t = float(closed_forms.t_of_ve_sigma(proc, s))
+        a = float(closed_forms.alpha_sigma(proc, t)[0])
+        xt = a * (h + s * n[i].ravel())
+        sq = (np_denoiser(xt, t) - h) ** 2
+        dsm = (s**2 + sd**2) / (s * sd) ** 2 * (sq.mean() if obj.reduce == "mean" else sq.sum())
+        lam_n = (sn**2 + sd**2) / (sn * sd) ** 2
+        out["loss"].append(obj.sure_weight * lam_n * sure + dsm)
+        out["sure"].append(sure)
+        out["dsm"].append(dsm)
+        out["sigma"].append(s)
+    return {k: np.array(v) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("proc,sigma_n", [(EDM(), 0.5), (VP(), 0.2)], ids=["EDM", "VP"])
+def test_losses_match_a_float64_per_example_loop(proc, sigma_n):
+    """Both divergence estimators, both reductions, P > 1 probes, for B = 1, 2, 7 (a process
+    with alpha = 1 and one without), and the batch mean from ``__call__``."""
+    # threefry: an rbg key's draws under vmap differ from the same key's draws outside it
+    key = jax.random.key(3)
+    objs = _objectives(proc, sigma_n)
+    for b in (1, 2, 7):
+        y = jax.random.normal(jax.random.key(b), (b, 2, 3), jnp.float32) * 0.9 + 0.1
+        out = _evaluate(objs, ToySource(process=proc), y, key)
+        for obj, ((per, aux), (loss, metrics)) in zip(objs, out, strict=True):
+            ref = reference(obj, proc, y, key)
+            assert per.shape == (b,)
+            tol = dict(rtol=1e-3, atol=1e-5)
+            np.testing.assert_allclose(np.asarray(per), ref["loss"], **tol, err_msg=str(obj))
+            for k in ("sure", "dsm", "sigma"):
+                np.testing.assert_allclose(np.asarray(aux[k]), ref[k], **tol, err_msg=k)
+            np.testing.assert_allclose(float(loss), ref["loss"].mean(), **tol)
+            np.testing.assert_allclose(float(metrics["sure"]), ref["sure"].mean(), **tol)
+
+
+def test_an_examples_loss_does_not_depend_on_its_batch():
+    key = jax.random.key(5)
+    y = jax.random.normal(jax.random.key(0), (7, 4), jnp.float32)
+    objs = _objectives(EDM(), 0.3)
+    small = _evaluate(objs, ToySource(process=EDM()), y[:3], key)
+    big = _evaluate(objs, ToySource(process=EDM()), y, key)
+    for (s, _), (g, _) in zip(small, big, strict=True):
+        np.testing.assert_allclose(np.asarray(s[0]), np.asarray(g[0])[:3], rtol=1e-6)
+
+
+def test_gradient_reaches_the_denoiser_through_sure_only():
+    """``x_hat`` enters the DSM term through stop_gradient: with a denoiser ``D = c x`` the
+    gradient in ``c`` is the SURE term's plus the DSM term's at fixed ``x_hat``, computed
+    here by differentiating each with the other held fixed."""
+
+    class Scaled(ScoreSource):
+        c: jax.Array = 0.7
+
+        def denoiser(self, x, t):
+            return self.c * x
+
+    obj = SURE(EDM(), sigma_n=0.4)
+    y = jax.random.normal(jax.random.key(0), (5, 3))
+    key = jax.random.key(1)
+    g = jax.grad(lambda c: obj(Scaled(process=EDM(), c=c), y, key)[0])(0.7)
+    lam = (0.16 + 0.25) / (0.4 * 0.5) ** 2
+    # SURE of h = c y in closed form: |y - c y|^2 + 2 sigma^2 c d - d sigma^2 (mean over d)
+    g_sure = jax.grad(lambda c: lam * jnp.mean((1 - c) ** 2 * jnp.mean(y**2, -1) + 0.32 * c))(0.7)
+    x_hat = 0.7 * y
+    g_dsm = jax.grad(
+        lambda c: obj.dsm(Scaled(process=EDM(), c=c), x_hat, jax.random.fold_in(key, 0))[0]
+    )(0.7)
+    assert float(g) == pytest.approx(float(g_sure + g_dsm), rel=1e-4)
+
+
+# --- bad inputs -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"sigma_n": 0.0}, "objective.sigma_n"),
+        ({"sigma_n": -0.2}, "objective.sigma_n"),
+        ({"sigma_n": float("nan")}, "objective.sigma_n"),
+        ({"sigma_n": 100.0}, "objective.sigma_n"),  # beyond EDM's sigma_max = 80
+        ({"sigma_n": 0.2, "sure_weight": 0.0}, "objective.sure_weight"),
+        ({"sigma_n": 0.2, "probes": 0}, "objective.probes"),
+        ({"sigma_n": 0.2, "probes": 1.5}, "objective.probes"),
+        ({"sigma_n": 0.2, "probe": "uniform"}, "objective.probe"),
+        ({"sigma_n": 0.2, "divergence": "exact"}, "objective.divergence"),
+        ({"sigma_n": 0.2, "eps": 1e-3}, "objective.eps"),  # the jvp takes no step
+        ({"sigma_n": 0.2, "divergence": "fd", "eps": 0.0}, "objective.eps"),
+        ({"sigma_n": 0.2, "P_std": 0.0}, "objective.P_std"),
+        ({"sigma_n": 0.2, "reduce": "max"}, "objective.reduce"),
+    ],
+)
+def test_bad_fields(kwargs, field):
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")) as e:
+        SURE(EDM(), **kwargs)
+    assert "\n" not in str(e.value)
+
+
+def test_sure_risk_refuses_bad_probes_and_sigma():
+    y = jnp.ones((2, 3))
+    with pytest.raises(ValueError, match=r"^probes must be \[batch, P, \*data_shape\]"):
+        sure_risk(lambda v: v, y, jnp.ones((2, 3)), sigma_n=0.1)
+    with pytest.raises(ValueError, match=r"^sigma_n must be a number in \(0.0, inf\)"):
+        sure_risk(lambda v: v, y, jnp.ones((2, 1, 3)), sigma_n=0.0)
+
+
+# --- through the config ------------------------------------------------------------------
+
+
+def test_objective_sure_takes_its_noise_level_from_the_data():
+    noisy = ["data=digits", "data.dequantise=false", "data.noise_sigma=0.2"]
+    cfg = compose_train([*noisy, "objective=sure"])
+    data = build.build_data(cfg)
+    obj = build.build_objective(cfg, build.build_process(cfg), data)
+    assert isinstance(obj, SURE) and obj.sigma_n == 0.2 and obj.divergence == "jvp"
+    clean = load_digits()
+    assert data.images.noise_sigma == 0.2
+    np.testing.assert_array_equal(data.images.test, clean.test)  # the reference stays clean
+    noise = (data.images.train - clean.train) / 0.2
+    assert abs(noise.std() - 1.0) < 0.02 and abs(noise.mean()) < 0.02
+
+
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (["data=digits", "objective=sure"], r"objective\.sigma_n: .* data\.noise_sigma=None"),
+        (["experiment=toy_dsm", "objective=sure"], r"objective\.sigma_n: .* data=toy"),
+        (["data.dequantise=false", "data.noise_sigma=0"], r"data\.noise_sigma must be a number"),
+        (["data.dequantise=false", "data.noise_sigma=-0.5"], r"data\.noise_sigma must be a"),
+        (  # the default preset (digits_edm) trains on dequantised digits
+            ["data=digits", "data.noise_sigma=0.2"],
+            r"data\.dequantise must be false with data\.noise_sigma",
+        ),
+        (
+            [
+                "data.dequantise=false",
+                "data.noise_sigma=0.2",
+                "objective=sure",
+                "objective.eps=0.01",
+            ],
+            r"objective\.eps must be null with objective\.divergence=jvp",
+        ),
+    ],
+)
+def test_bad_configs_are_refused_naming_the_field(overrides, match):
+    cfg = compose_train(overrides)
+    with pytest.raises(ValueError, match=match) as e:
+        data = build.build_data(cfg)
+        build.build_objective(cfg, build.build_process(cfg), data)
+    assert "\n" not in str(e.value)
