@@ -44,28 +44,11 @@ from scorelib._checks import check_choice, check_int, check_real
 from scorelib.data.images import level_spacing, quantise, uniform_dequantise
 from scorelib.keys import example_keys
 from scorelib.processes.base import Process
+from scorelib.scores.jacobian import PROBE_NOISES, probe_vectors
 
 Array = Any
 
 DIVERGENCES = ("exact", "hutchinson")
-PROBE_NOISES = ("rademacher", "gaussian")
-
-
-def probe_vectors(key: jax.Array, probes: int, d: int, noise: str = "rademacher") -> Array:
-    """``[probes, d]`` float32 Hutchinson probes with ``E[eps eps^T] = I``.
-
-    Rademacher (+-1 with probability 1/2 each; Hutchinson 1989) has the smaller variance
-    (``sum_{i<j} (A_ij + A_ji)^2`` against Gaussian's ``2 |(A + A^T)/2|_F^2``, for one probe
-    of ``eps^T A eps``).
-
-    Raises:
-      ValueError: naming ``probes`` or ``noise``.
-    """
-    probes = check_int(probes, "probes", low=1)
-    check_choice(noise, "noise", PROBE_NOISES)
-    if noise == "rademacher":
-        return jax.random.rademacher(key, (probes, d), dtype=jnp.float32)
-    return jax.random.normal(key, (probes, d), dtype=jnp.float32)
 
 
 def exact_divergence(fn, x: Array) -> Array:
