@@ -3,11 +3,13 @@
 from scorelib.data.batching import batch_indices, batch_keys, get_batch, get_dequantised_batch
 from scorelib.data.images import (
     ImageDataset,
+    downsample_to_digits,
     level_spacing,
     load_digits,
     load_mnist_subset,
     load_npz,
     mnist_subset_path,
+    shift_images,
     stratified_split,
     uniform_dequantise,
 )
@@ -32,6 +34,7 @@ __all__ = [
     "ImageDataset",
     "batch_indices",
     "batch_keys",
+    "downsample_to_digits",
     "get_batch",
     "get_dequantised_batch",
     "level_spacing",
@@ -40,6 +43,7 @@ __all__ = [
     "load_npz",
     "mnist_subset_path",
     "ring_means",
+    "shift_images",
     "stratified_split",
     "toy_batch",
     "toy_from_keys",
