@@ -24,11 +24,10 @@ import math
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from scorelib._checks import check_choice, check_int, require
-from scorelib.metrics.score_error import noisy_samples
+from scorelib._checks import check_choice, check_int
+from scorelib.metrics.score_error import noisy_samples, padded_chunks
 from scorelib.scores.jacobian import FORMS, PROBE_NOISES, example_probes, jacobian_asymmetry
 
 Array = Any
@@ -107,19 +106,8 @@ def score_asymmetry(
         noise = check_choice("rademacher" if noise is None else noise, "noise", PROBE_NOISES)
         form = check_choice("skew" if form is None else form, "form", FORMS)
     first_index = check_int(first_index, "first_index", low=0)
-    x0 = jnp.asarray(x0)
-    require(x0.ndim >= 2 and x0.shape[0] >= 1, "x0", "[n >= 1, *data_shape]", x0.shape)
-    n = x0.shape[0]
-    t = jnp.asarray(t, x0.dtype)
-    require(t.ndim == 0 or t.shape == (n,), "t", f"a scalar or [n]=({n},)", t.shape)
-    t = jnp.broadcast_to(t, (n,))
-    bs = min(n, n if batch_size is None else check_int(batch_size, "batch_size", low=1))
     asym, frob = [], []
-    for start in range(0, n, bs):
-        stop = min(start + bs, n)
-        pad = bs - (stop - start)  # pad the last chunk: one compilation for every chunk
-        xb = jnp.pad(x0[start:stop], [(0, pad)] + [(0, 0)] * (x0.ndim - 1))
-        tb = jnp.pad(t[start:stop], (0, pad), mode="edge")
+    for start, stop, xb, tb in padded_chunks(x0, t, batch_size):
         a, f = _chunk(
             source,
             xb,
@@ -134,6 +122,7 @@ def score_asymmetry(
         asym.append(np.asarray(a, np.float64)[: stop - start])
         frob.append(np.asarray(f, np.float64)[: stop - start])
     asym, frob = np.concatenate(asym), np.concatenate(frob)
+    n = asym.size
     with np.errstate(divide="ignore", invalid="ignore"):
         relative = float(asym.sum() / (4.0 * frob.sum()))
     return {
