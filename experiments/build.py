@@ -266,14 +266,23 @@ def build_model(cfg: DictConfig, data_shape: tuple[int, ...], seed: int) -> nnx.
 
 
 def build_objective(cfg: DictConfig, process, data: Data | None = None):
-    """The objective of ``cfg.objective`` on ``process``; an objective whose builder takes
-    ``train`` (``objective=smoothed``) gets the training images of ``data``, one that takes
+    """The objective of ``cfg.objective`` on ``process``, wrapped by ``cfg.penalty`` when one is
+    chosen (``penalty=qc``); an objective whose builder takes ``train``
+    (``objective=smoothed``) gets the training images of ``data``, one that takes
     ``sigma_n`` (``objective=sure``) their noise level ``data.noise_sigma``.
 
     Raises:
       ValueError: naming the field (``objective.train`` for such an objective without image
-        data, ``objective.sigma_n`` for one without noisy image data).
+        data, ``objective.sigma_n`` for one without noisy image data, ``penalty.<field>``).
     """
+    objective = _build_unpenalised_objective(cfg, process, data)
+    if cfg.get("penalty") is None:
+        return objective
+    target, kwargs = component_kwargs(cfg.penalty, "penalty")
+    return get_object(target)(objective, **kwargs)
+
+
+def _build_unpenalised_objective(cfg: DictConfig, process, data: Data | None):
     if "target" in cfg.objective and "target" not in cfg.data:
         raise ValueError(
             f"objective.target: the objective {cfg.objective._target_} needs a target with a "

@@ -131,6 +131,20 @@ class DSMConfig:
 
 
 @dataclass
+class QCPenaltyConfig:
+    """``penalty=qc``: the objective plus the quasi-conservative penalty ``weight * w(t) |J -
+    J^T|_F^2`` on the score's Jacobian (Chao et al., ICML 2022;
+    ``scorelib.objectives.conservative``)."""
+
+    _target_: str = "scorelib.objectives.quasi_conservative"
+    weight: float = 1.0  # lambda >= 0 (0: logged, not trained on)
+    probes: int = 1  # Hutchinson probes per example (one JVP + one VJP each)
+    noise: str = "rademacher"  # rademacher | gaussian
+    weighting: str = "sigma2"  # w(t): sigma2 | likelihood | none
+    form: str = "skew"  # skew: |(J - J^T) v|^2 | paper: 2(|v^T J|^2 - (v^T J)(J v))
+
+
+@dataclass
 class SmoothedObjectiveConfig:
     """``objective=smoothed``: regression onto the smoothed closed-form score of the run's
     training set (``scorelib.objectives.smoothed``; image data only)."""
@@ -441,6 +455,7 @@ class TrainConfig:
     process: Any = MISSING
     model: Any = MISSING
     objective: Any = MISSING
+    penalty: Any = None  # penalty=qc: the objective plus the QCSBM penalty
     sampler: Any = MISSING
     data: Any = MISSING
     optim: OptimConfig = MISSING
@@ -496,6 +511,7 @@ def group_schemas() -> dict[tuple[str, str], type]:
         ("objective", "dsm"): DSMConfig,
         ("objective", "smoothed"): SmoothedObjectiveConfig,
         ("objective", "sure"): SUREObjectiveConfig,
+        ("penalty", "qc"): QCPenaltyConfig,
         ("data", "digits"): DigitsDataConfig,
         ("data", "mnist"): MnistDataConfig,
         ("data", "toy"): ToyDataConfig,

@@ -12,7 +12,6 @@ import math
 import numbers
 from typing import Any
 
-
 #: The longest ``got <value>`` an error message shows (an array of 500 grid points is cut).
 MAX_SHOWN = 120
 

@@ -3,11 +3,13 @@
 from scorelib.data.batching import batch_indices, batch_keys, get_batch, get_dequantised_batch
 from scorelib.data.images import (
     ImageDataset,
+    downsample_to_digits,
     level_spacing,
     load_digits,
     load_mnist_subset,
     load_npz,
     mnist_subset_path,
+    shift_images,
     stratified_split,
     uniform_dequantise,
 )
@@ -34,6 +36,7 @@ __all__ = [
     "batch_indices",
     "corrupt",
     "batch_keys",
+    "downsample_to_digits",
     "get_batch",
     "get_dequantised_batch",
     "level_spacing",
@@ -43,6 +46,7 @@ __all__ = [
     "mnist_subset_path",
     "noisy_dataset",
     "ring_means",
+    "shift_images",
     "stratified_split",
     "toy_batch",
     "toy_from_keys",

@@ -1,7 +1,8 @@
 """Metrics: sample distances, Fréchet distances, classifier features, the classifier two-sample
 test, precision/recall, mode coverage of a known mixture, PF-ODE likelihood and bits/dim,
-memorisation, and the estimators the tables report (relative score error, explained
-fraction, label variance)."""
+memorisation, the estimators the tables report (relative score error, explained
+fraction, label variance), the asymmetry of a score's Jacobian (QCSBM) and out-of-distribution
+detection by multiscale score norms (MSMA)."""
 
 from scorelib.metrics.classifier import (
     ClassifierConfig,
@@ -9,6 +10,7 @@ from scorelib.metrics.classifier import (
     default_cache_dir,
     mnist_subset_config,
 )
+from scorelib.metrics.conservative import score_asymmetry
 from scorelib.metrics.distances import (
     energy_distance,
     mean_paired_distance,
@@ -28,12 +30,27 @@ from scorelib.metrics.memorisation import (
     nearest_neighbours,
 )
 from scorelib.metrics.modes import mode_statistics
+from scorelib.metrics.ood import (
+    NormDensity,
+    auroc,
+    fit_norm_density,
+    msma,
+    ood_scores,
+    score_norms,
+)
 from scorelib.metrics.precision_recall import knn_radii, precision_recall
 from scorelib.metrics.score_error import explained_fraction, noisy_samples, relative_score_error
 from scorelib.metrics.two_sample import c2st, default_classifier
 
 __all__ = [
     "ClassifierConfig",
+    "NormDensity",
+    "auroc",
+    "fit_norm_density",
+    "msma",
+    "ood_scores",
+    "score_asymmetry",
+    "score_norms",
     "FeatureExtractor",
     "bits_per_dim",
     "c2st",

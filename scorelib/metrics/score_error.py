@@ -128,26 +128,47 @@ def _check_source(name, source, reference, stacked: bool) -> None:
         )
 
 
-def _pooled(sources: dict, reference, x0, t, key, *, spaces, stacked, batch_size, first_index):
-    """``({name: {space: sum of squared differences (float64, scalar or [m])}},
-    {space: reference outputs [n, d] float64})``."""
-    for name, src in sources.items():
-        _check_source(name, src, reference, stacked)
+def padded_chunks(x0: Array, t: Array, batch_size: int | None):
+    """Validate ``(x0, t)`` and yield ``(start, stop, x0_chunk, t_chunk)`` over the examples.
+
+    Chunks hold ``batch_size`` examples (all ``n`` for ``None``); the last one is padded (``x0``
+    with zeros, ``t`` with its last value) to the same shape, so one compilation serves every
+    chunk: keep the first ``stop - start`` rows of a chunk's results.
+
+    Args:
+      x0: ``[n, *data_shape]``.
+      t: scalar or ``[n]`` process times (broadcast to ``[n]`` in ``x0``'s dtype).
+      batch_size: an int >= 1 or ``None``.
+
+    Raises:
+      ValueError: naming ``x0``, ``t`` or ``batch_size``, before the first chunk.
+    """
     x0 = jnp.asarray(x0)
     require(x0.ndim >= 2 and x0.shape[0] >= 1, "x0", "[batch >= 1, *data_shape]", x0.shape)
     n = x0.shape[0]
     t = jnp.asarray(t, x0.dtype)
     require(t.ndim == 0 or t.shape == (n,), "t", f"a scalar or [batch]=({n},)", t.shape)
     t = jnp.broadcast_to(t, (n,))
-    bs = n if batch_size is None else check_int(batch_size, "batch_size", low=1)
-    bs = min(bs, n)
-    diffs = {name: {space: [] for space in spaces} for name in sources}
-    refs = {space: [] for space in spaces}
+    bs = min(n, n if batch_size is None else check_int(batch_size, "batch_size", low=1))
+    return _chunks(x0, t, n, bs)
+
+
+def _chunks(x0, t, n, bs):
     for start in range(0, n, bs):
         stop = min(start + bs, n)
-        pad = bs - (stop - start)  # pad the last chunk: one compilation for every chunk
+        pad = bs - (stop - start)
         xb = jnp.pad(x0[start:stop], [(0, pad)] + [(0, 0)] * (x0.ndim - 1))
-        tb = jnp.pad(t[start:stop], (0, pad), mode="edge")
+        yield start, stop, xb, jnp.pad(t[start:stop], (0, pad), mode="edge")
+
+
+def _pooled(sources: dict, reference, x0, t, key, *, spaces, stacked, batch_size, first_index):
+    """``({name: {space: sum of squared differences (float64, scalar or [m])}},
+    {space: reference outputs [n, d] float64})``."""
+    for name, src in sources.items():
+        _check_source(name, src, reference, stacked)
+    diffs = {name: {space: [] for space in spaces} for name in sources}
+    refs = {space: [] for space in spaces}
+    for start, stop, xb, tb in padded_chunks(x0, t, batch_size):
         d, r = _chunk(
             sources, reference, xb, tb, key, first_index + start, spaces=spaces, stacked=stacked
         )

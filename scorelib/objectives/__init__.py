@@ -1,11 +1,13 @@
 """Training objectives: ``objective(source, x0, key) -> (loss, metrics)``.
 
 Each objective's per-example losses come from ``objective.example_losses(source, x0,
-key)``; their weights live in :mod:`scorelib.objectives.weights`.
+key)``; their weights live in :mod:`scorelib.objectives.weights`. A penalty on the
+asymmetry of the score's Jacobian wraps any of them (:class:`QuasiConservative`).
 """
 
 from scorelib.objectives import weights
 from scorelib.objectives.base import Objective, example_draws, reduce_per_example
+from scorelib.objectives.conservative import QuasiConservative, quasi_conservative
 from scorelib.objectives.dsm import DSM, EDMLoss
 from scorelib.objectives.smoothed import SmoothedScoreMatching
 from scorelib.objectives.sure import SURE, sure_risk
@@ -28,6 +30,8 @@ __all__ = [
     "SmoothedScoreMatching",
     "SURE",
     "sure_risk",
+    "QuasiConservative",
+    "quasi_conservative",
     "KAPPAS",
     "kappa_schedule",
     "label_residuals",

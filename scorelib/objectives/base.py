@@ -4,6 +4,7 @@ An objective is a frozen dataclass (a static pytree: hyperparameters only) that
 maps a score source, a batch of clean data and a key to a loss::
 
     example_losses(source, x0, key) -> (losses [batch], aux)  # aux: dict of [batch] arrays
+    example_points(x0, key)         -> (x_t, t)               # where example_losses trains
     __call__(source, x0, key)       -> (scalar loss, metrics) # mean over the batch
 
 ``source`` is any :class:`scorelib.scores.ScoreSource` (during training, a
@@ -94,6 +95,28 @@ class Objective:
           draws, e.g. ``t`` or ``sigma``).
         """
         raise NotImplementedError
+
+    def example_points(self, x0: Array, key: jax.Array) -> tuple[Array, Array]:
+        """The noisy points and process times at which :meth:`example_losses` evaluates the
+        source with the same ``x0`` and ``key`` (the same draws, recomputed).
+
+        A penalty on the trained field (``scorelib.objectives.conservative``) is evaluated
+        there, so it acts where the loss trains the network.
+
+        Args:
+          x0: ``[batch, *data_shape]`` clean data.
+          key: the step's PRNG key, as given to :meth:`example_losses`.
+
+        Returns:
+          ``(x_t, t)``: ``[batch, *data_shape]`` points in process coordinates and ``[batch]``
+          process times.
+
+        Raises:
+          NotImplementedError: for an objective that does not say where it trains.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} does not give the points it trains at (example_points)"
+        )
 
     def __call__(self, source, x0: Array, key: jax.Array) -> tuple[Array, dict]:
         """Mean loss over the batch and scalar metrics.

@@ -98,14 +98,23 @@ class DSM(Objective):
         Returns:
           ``(losses [batch], {"t": [batch]})``.
         """
+        t, eps, xt = self._draws(x0, key)
+        sigma = broadcast_to_data(self.process.sigma(t), x0)
+        err = reduce_per_example((source.score(xt, t) + eps / sigma) ** 2, self.reduce)
+        return self.weight(t) * err, {"t": t}
+
+    def _draws(self, x0, key):
+        """``(t [batch], eps, x_t)`` of :meth:`example_losses`."""
         p = self.process
         lo, hi = self.t_range if self.t_range is not None else (p.t_min, p.t_max)
         u, eps = example_draws(key, x0, "uniform")
         t = lo + (hi - lo) * u
-        xt = p.marginal_sample(x0, t, eps)
-        sigma = broadcast_to_data(p.sigma(t), x0)
-        err = reduce_per_example((source.score(xt, t) + eps / sigma) ** 2, self.reduce)
-        return self.weight(t) * err, {"t": t}
+        return t, eps, p.marginal_sample(x0, t, eps)
+
+    def example_points(self, x0, key):
+        """``(x_t, t)`` of :meth:`example_losses` (:meth:`Objective.example_points`)."""
+        t, _, xt = self._draws(x0, key)
+        return xt, t
 
 
 _U_EDGE = 1e-7  # uniforms are clipped to [_U_EDGE, 1 - _U_EDGE] before Phi^{-1}
@@ -222,6 +231,12 @@ class EDMLoss(Objective):
         Returns:
           ``(losses [batch], {"sigma": [batch]})``, ``sigma`` the VE-frame noise levels.
         """
+        sigma, t, xt = self._draws(x0, key)
+        err = reduce_per_example((source.denoiser(xt, t) - x0) ** 2, self.reduce)
+        return edm_weight(ve_sigma=sigma, sigma_data=self.sigma_data) * err, {"sigma": sigma}
+
+    def _draws(self, x0, key):
+        """``(sigma [batch], t [batch], x_t)`` of :meth:`example_losses`."""
         p = self.process
         if self.p_uniform == 0.0:  # EDM's draws exactly (z ~ N(0, 1) from the example's key)
             z, n = example_draws(key, x0, "normal")
@@ -237,6 +252,9 @@ class EDMLoss(Objective):
             )
         t = p.t_of_ve_sigma(sigma)
         alpha = broadcast_to_data(p.alpha(t), x0)
-        xt = alpha * (x0 + broadcast_to_data(sigma, x0) * n)
-        err = reduce_per_example((source.denoiser(xt, t) - x0) ** 2, self.reduce)
-        return edm_weight(ve_sigma=sigma, sigma_data=self.sigma_data) * err, {"sigma": sigma}
+        return sigma, t, alpha * (x0 + broadcast_to_data(sigma, x0) * n)
+
+    def example_points(self, x0, key):
+        """``(x_t, t)`` of :meth:`example_losses` (:meth:`Objective.example_points`)."""
+        _, t, xt = self._draws(x0, key)
+        return xt, t

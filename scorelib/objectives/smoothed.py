@@ -96,16 +96,25 @@ class SmoothedScoreMatching(Objective, struct.PyTreeNode):
         Returns:
           ``(losses [batch], {"sigma": [batch]})``, ``sigma`` the VE-frame noise levels.
         """
-        p = self.teacher.process
-        k_example, k_teacher = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
-        z, n = example_draws(k_example, x0, "normal")
-        sigma = jnp.exp(self.P_mean + self.P_std * z)
-        t = p.t_of_ve_sigma(sigma)
-        xt = broadcast_to_data(p.alpha(t), x0) * (x0 + broadcast_to_data(sigma, x0) * n)
-        teacher = self.teacher.for_examples(k_teacher, x0.shape[0])
+        sigma, t, xt = self._draws(x0, key)
+        teacher = self.teacher.for_examples(jax.random.fold_in(key, 1), x0.shape[0])
         label = jax.lax.stop_gradient(teacher.denoiser(xt, t))
         err = reduce_per_example((source.denoiser(xt, t) - label) ** 2, self.reduce)
         return edm_weight(ve_sigma=sigma, sigma_data=self.sigma_data) * err, {"sigma": sigma}
+
+    def _draws(self, x0, key):
+        """``(sigma [batch], t [batch], x_t)`` of :meth:`example_losses` (stream
+        ``fold_in(key, 0)``)."""
+        p = self.teacher.process
+        z, n = example_draws(jax.random.fold_in(key, 0), x0, "normal")
+        sigma = jnp.exp(self.P_mean + self.P_std * z)
+        t = p.t_of_ve_sigma(sigma)
+        return sigma, t, broadcast_to_data(p.alpha(t), x0) * (x0 + broadcast_to_data(sigma, x0) * n)
+
+    def example_points(self, x0, key):
+        """``(x_t, t)`` of :meth:`example_losses` (:meth:`Objective.example_points`)."""
+        _, t, xt = self._draws(x0, key)
+        return xt, t
 
 
 def smoothed_score_matching(

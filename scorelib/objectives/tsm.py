@@ -295,6 +295,13 @@ class MixedScoreMatching(Objective):
         err = reduce_per_example((source.score(lab["xt"], t) - lab["u"]) ** 2, self.reduce)
         return self.weight(t) * err, {"t": t, "ve_sigma": lab["ve_sigma"], "kappa": lab["kappa"]}
 
+    def example_points(self, x0, key):
+        """``(x_t, t)`` of :meth:`example_losses` (:meth:`Objective.example_points`); the
+        labels (and the target's score) are not computed."""
+        u, eps = example_draws(key, x0, "uniform")
+        t = self.times(u)
+        return self.process.marginal_sample(x0, t, eps), t
+
 
 @static_pytree
 @dataclasses.dataclass(frozen=True)

@@ -3,13 +3,15 @@
 Every source of a score lives here: analytic ones (Gaussian, Gaussian mixture, the
 training set's empirical score, its smoothed version and nearest-neighbour estimator
 (sigma-CFDM), the many-well quadrature), a trained network, and the closed-form Gaussian
-probability-flow ODE beside the Gaussian source.
+probability-flow ODE beside the Gaussian source, and the asymmetry of a source's Jacobian
+(``jacobian.py``: how far a score field is from a gradient field).
 """
 
 from scorelib.scores.base import ScoreSource, denoiser_from_score, score_from_denoiser
 from scorelib.scores.empirical import EmpiricalScore
 from scorelib.scores.gaussian import GaussianScore, gaussian_flow, gaussian_marginal_sample
 from scorelib.scores.gaussian_fit import fit_gaussian, fit_kmeans_mixture
+from scorelib.scores.jacobian import jacobian_asymmetry
 from scorelib.scores.manywell import ManyWellNoisyScore
 from scorelib.scores.mixture import MixtureScore
 from scorelib.scores.neighbours import NeighbourScore
@@ -28,6 +30,7 @@ __all__ = [
     "fit_kmeans_mixture",
     "gaussian_flow",
     "gaussian_marginal_sample",
+    "jacobian_asymmetry",
     "NetworkScore",
     "preconditioned_denoiser",
     "score_from_denoiser",
