@@ -27,7 +27,7 @@ from scorelib.metrics.memorisation import (
     nearest_neighbour_distances,
     nearest_neighbours,
 )
-from scorelib.metrics.modes import mode_statistics
+from scorelib.metrics.modes import mode_statistics, well_barrier, well_mode_statistics
 from scorelib.metrics.precision_recall import knn_radii, precision_recall
 from scorelib.metrics.score_error import explained_fraction, noisy_samples, relative_score_error
 from scorelib.metrics.two_sample import c2st, default_classifier
@@ -64,4 +64,6 @@ __all__ = [
     "sliced_wasserstein2",
     "squared_distances",
     "wasserstein2_1d",
+    "well_barrier",
+    "well_mode_statistics",
 ]
