@@ -228,9 +228,9 @@ def report(results: dict, tc, fig: Path) -> dict:
                     int(runs[0]["density"]),
                     _stat(runs, "tv"),
                     _stat(runs, "energy"),
-                    int(sum(r["nonfinite"] for r in runs)),
+                    f"{sum(r['nonfinite'] for r in runs)} of {len(runs) * int(tc.samples)}",
                     fmt_wall(runs),
-                    PAPER if row.startswith("rdMC") and "scaled" not in row else "",
+                    PAPER if row.startswith("rdMC") else "",
                 ]
             )
             masses = [r["mass"] for r in runs if r["mass"] is not None]
@@ -247,7 +247,8 @@ def report(results: dict, tc, fig: Path) -> dict:
         "TV: 0.5 sum |mode mass - weight| (mixture: nearest mode within Mahalanobis radius "
         f"{tc.radius}, off-mode samples count in no mode; many-well: side of each barrier). "
         f"Energy distance: squared, V-statistic, against {tc.samples} fresh exact samples. "
-        "Mean ± std over seeds.",
+        "Mean ± std over seeds. Samples with a NaN or inf are counted in 'non-finite' and "
+        "left out of the TV and the energy distance (which then describe the rest only).",
         "The paper column quotes the abstract; its tables were not available to check.",
     ]
     return {
@@ -283,27 +284,34 @@ def make_figure(samples: dict, targets: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
+    import textwrap
+
     import matplotlib.pyplot as plt
 
     from scorelib._io import atomic_open
 
-    names = list(samples)
-    n_cols = max(len(v) for v in samples.values())
+    n_cols = 5
+    lines = {name: -(-len(rows) // n_cols) for name, rows in samples.items()}
     fig, axes = plt.subplots(
-        len(names), n_cols, figsize=(2.2 * n_cols, 2.3 * len(names)), squeeze=False
+        sum(lines.values()),
+        n_cols,
+        figsize=(2.2 * n_cols, 2.5 * sum(lines.values())),
+        squeeze=False,
     )
-    for i, name in enumerate(names):
+    first_line = 0
+    for name, rows in samples.items():
         target = targets[name]
         dims = np.nonzero(target.well_mask)[0][:2] if isinstance(target, ManyWellTarget) else [0, 1]
-        for j, (row, x) in enumerate(samples[name].items()):
-            ax = axes[i, j]
+        for j, (row, x) in enumerate(rows.items()):
+            ax = axes[first_line + j // n_cols, j % n_cols]
             x = x[np.isfinite(x).all(1)]
             ax.scatter(x[:, dims[0]], x[:, dims[1]], s=0.5, alpha=0.4)
-            ax.set_title(f"{name}: {row}", fontsize=5)
+            ax.set_title(textwrap.fill(f"{name}: {row}", 34), fontsize=6)
             ax.set_xlim(-6, 6), ax.set_ylim(-6, 6), ax.set_aspect("equal")
             ax.set_xticks([]), ax.set_yticks([])
-        for j in range(len(samples[name]), n_cols):
-            axes[i, j].axis("off")
+        for j in range(len(rows), lines[name] * n_cols):
+            axes[first_line + j // n_cols, j % n_cols].axis("off")
+        first_line += lines[name]
     fig.tight_layout()
     with atomic_open(path, "wb") as f:
         fig.savefig(f, dpi=120, format="png")
