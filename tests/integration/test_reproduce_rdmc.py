@@ -30,6 +30,8 @@ def test_rdmc_smoke(tmp_path):
         assert rows["MALA (2x budget)"][0]["grad"] == 48
         assert rows["exact samples"][0]["tv"] < 0.5 and rows["exact samples"][0]["energy"] >= 0
         assert len(rows["exact samples"][0]["weights"]) == 4
+        oracle = rows["reverse OU with the exact score (no estimation error)"][0]
+        assert oracle["grad"] is None and oracle["nonfinite"] == 0
     summary = (run_dir / "rdmc_summary.md").read_text()
     assert "greatly improves" in summary and "exact samples" in summary
 
