@@ -29,7 +29,7 @@ from scorelib.metrics.memorisation import (
     nearest_neighbour_distances,
     nearest_neighbours,
 )
-from scorelib.metrics.modes import mode_statistics
+from scorelib.metrics.modes import mode_statistics, well_barrier, well_mode_statistics
 from scorelib.metrics.ood import (
     NormDensity,
     auroc,
@@ -81,4 +81,6 @@ __all__ = [
     "sliced_wasserstein2",
     "squared_distances",
     "wasserstein2_1d",
+    "well_barrier",
+    "well_mode_statistics",
 ]

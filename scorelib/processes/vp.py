@@ -12,7 +12,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from scorelib._checks import require
+from scorelib._checks import check_real, require
 from scorelib._pytree import static_pytree
 from scorelib.processes.base import Process, _finite_floats
 
@@ -144,3 +144,25 @@ class SubVP(_LinearBeta):
     def g2(self, t):
         """``g(t)^2 = beta(t) (1 - exp(4 m(t)))``; same shape as ``t``."""
         return self.beta(t) * -jnp.expm1(4.0 * self.log_mean_coeff(t))
+
+
+def ornstein_uhlenbeck(horizon: float = 1.0, eps: float = 1e-3) -> VP:
+    """The Ornstein-Uhlenbeck process ``dx = -x dt + sqrt(2) dB`` up to OU time ``horizon``, as
+    the VP process with the constant ``beta = 2 horizon`` (no new process: it is exact).
+
+    The OU marginals are ``x_s = e^{-s} x_0 + sqrt(1 - e^{-2s}) eps`` (OU time ``s``). With
+    ``beta_min = beta_max = 2 T``, ``m(t) = -T t`` (Song et al. 2021, eq. 33), so
+    ``alpha(t) = e^{-T t}``, ``sigma(t) = sqrt(1 - e^{-2 T t})``, ``f = -T``, ``g^2 = 2 T``:
+    process time ``t`` in ``[eps, 1]`` is OU time ``s = T t`` (``dx = -T x dt + sqrt(2 T)
+    dB``). Every sampler works in VE noise levels, so the time scale changes nothing but the
+    labels. The reverse-diffusion Monte Carlo process (Huang et al., ICLR 2024).
+
+    Args:
+      horizon: ``T > 0``, the OU time at ``t = 1``.
+      eps: the process's ``t_min`` (OU time ``T eps``), in ``[0, 1)``.
+
+    Raises:
+      ValueError: naming ``process.horizon`` (finite, > 0) or ``process.eps``.
+    """
+    horizon = check_real(horizon, "process.horizon", low=0.0, low_open=True)
+    return VP(beta_min=2.0 * horizon, beta_max=2.0 * horizon, eps=eps)

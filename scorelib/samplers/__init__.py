@@ -28,7 +28,9 @@ independent); ``teleport`` starts any sampler from ``grid[k]`` in closed form;
 ``langevin_corrector`` runs the Langevin corrector alone. ``cfdm_sample`` is the sigma-CFDM
 sampler (Euler in rectified-flow time from an exact training-mixture draw; not a
 ``StepRule``: see ``cfdm.py``), and ``per_example(sampler)`` runs any registered sampler
-on a ``SmoothedScore`` with its draws bound to each example.
+on a random source (``SmoothedScore``, ``ReverseDiffusionScore``) with its draws bound to each
+example. ``langevin_mcmc`` is plain ULA/MALA on a target's log-density (``mcmc.py``), the
+baseline of reverse-diffusion Monte Carlo.
 
 **Adding a sampler**: a ``driver.StepRule`` subclass (options, stochastic property,
 option checks, NFE count, ``init``/``step``/``final``; see ``ode.py`` and ``sde.py``)
@@ -40,6 +42,7 @@ from scorelib.samplers.draw import draw_samples
 from scorelib.samplers.driver import Sampler, StepRule
 from scorelib.samplers.grids import GRIDS, edm_grid, log_snr_grid, make_grid, uniform_t_grid
 from scorelib.samplers.langevin import corrector_step_size, langevin_corrector
+from scorelib.samplers.mcmc import langevin_mcmc, steps_for_budget
 from scorelib.samplers.ode import dpmpp_2m, heun
 from scorelib.samplers.sde import annealed_langevin, euler_maruyama, pc, pf_ode_euler
 from scorelib.samplers.teleport import teleport
@@ -77,6 +80,8 @@ __all__ = [
     "pf_ode_euler",
     "annealed_langevin",
     "langevin_corrector",
+    "langevin_mcmc",
+    "steps_for_budget",
     "corrector_step_size",
     "draw_samples",
     "cfdm_sample",

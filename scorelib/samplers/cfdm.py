@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from scorelib._checks import check_int, check_real, require
 from scorelib.keys import example_keys
 from scorelib.processes.rectified import RectifiedFlow, flow_velocity, process_time
+from scorelib.scores.base import ScoreSource
 from scorelib.scores.empirical import EmpiricalScore
 from scorelib.scores.smoothed import SmoothedScore
 
@@ -134,13 +135,15 @@ def cfdm_sample(source, key, batch: int, *, T: float = 0.95, S: int = 100, first
 
 
 def per_example(sampler):
-    """``sampler`` with the smoothing draws of a :class:`SmoothedScore` bound to each call's
-    examples (``source.for_examples(key, batch, first_index)``), so that every registered
-    sampler, and ``draw_samples`` over many batches, run on it with the key rule intact.
+    """``sampler`` with the draws of a random score source bound to each call's examples
+    (``source.for_examples(key, batch, first_index)``: the smoothing draws of a
+    :class:`SmoothedScore`, the inner chains of a ``ReverseDiffusionScore``; a no-op for a
+    deterministic source), so that every registered sampler, and ``draw_samples`` over many
+    batches, run on it with the key rule intact.
     """
 
     def sample(source, key, shape, *, first_index=0, **kwargs):
-        if isinstance(source, SmoothedScore):
+        if isinstance(source, ScoreSource):
             source = source.for_examples(key, int(shape[0]), first_index)
         return sampler(source, key, shape, first_index=first_index, **kwargs)
 

@@ -2,7 +2,8 @@
 
 Every source of a score lives here: analytic ones (Gaussian, Gaussian mixture, the
 training set's empirical score, its smoothed version and nearest-neighbour estimator
-(sigma-CFDM), the many-well quadrature), a trained network, and the closed-form Gaussian
+(sigma-CFDM), the many-well quadrature, the reverse-diffusion Monte Carlo estimate of an
+unnormalised density's score), a trained network, and the closed-form Gaussian
 probability-flow ODE beside the Gaussian source, and the asymmetry of a source's Jacobian
 (``jacobian.py``: how far a score field is from a gradient field).
 """
@@ -16,6 +17,7 @@ from scorelib.scores.manywell import ManyWellNoisyScore
 from scorelib.scores.mixture import MixtureScore
 from scorelib.scores.neighbours import NeighbourScore
 from scorelib.scores.network import NetworkScore, preconditioned_denoiser
+from scorelib.scores.rdmc import ReverseDiffusionScore
 from scorelib.scores.smoothed import SmoothedScore
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "SmoothedScore",
     "NeighbourScore",
     "ManyWellNoisyScore",
+    "ReverseDiffusionScore",
     "fit_gaussian",
     "fit_kmeans_mixture",
     "gaussian_flow",

@@ -101,6 +101,17 @@ class ScoreSource(struct.PyTreeNode):
             )
         return score_from_denoiser(self.process, x, t, self.denoiser(x, t))
 
+    def for_examples(self, key, batch: int, first_index: Array = 0) -> ScoreSource:
+        """A copy whose own random draws belong to examples ``first_index .. first_index +
+        batch - 1`` of ``key`` (:func:`scorelib.keys.example_keys`).
+
+        A deterministic source has no draws: this default returns ``self``. Random sources
+        (``SmoothedScore``, ``ReverseDiffusionScore``) hold the per-example keys;
+        ``scorelib.samplers.per_example(sampler)`` calls this with each sampler call's key,
+        batch and ``first_index``.
+        """
+        return self
+
 
 def flatten(x: Array) -> Array:
     """``[batch, *data_shape] -> [batch, d]``."""

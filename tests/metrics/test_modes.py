@@ -35,3 +35,50 @@ def test_dropped_and_blurred_modes_are_seen():
     assert blurred["off_mode"] > 0.5
     with pytest.raises(ValueError, match="samples must be finite"):
         mode_statistics(np.full((3, 2), np.nan), TARGET)
+
+
+# ---------------------------------------------------------------------- many-well modes
+def test_well_weights_and_barrier_against_scipy():
+    from scipy.integrate import quad
+    from scipy.optimize import brentq
+
+    from scorelib.data.targets import ManyWellTarget
+    from scorelib.metrics.modes import well_barrier, well_mode_statistics
+
+    tg = ManyWellTarget.create(4)
+    e = lambda x: x**4 - 6 * x**2 - 0.5 * x  # noqa: E731
+    barrier = brentq(lambda x: 4 * x**3 - 12 * x - 0.5, -0.5, 0.5)
+    assert well_barrier(tg) == pytest.approx(barrier, abs=1e-10)
+    right = (
+        quad(lambda x: np.exp(-e(x)), barrier, 10)[0] / quad(lambda x: np.exp(-e(x)), -10, 10)[0]
+    )
+    assert -0.05 < barrier < -0.04  # c = 0.5 tilts the wells to the right
+    s = well_mode_statistics(np.full((1, 4), -0.1), tg)
+    assert s["right_weight"] == pytest.approx(right, abs=1e-6)
+    w = np.array([(1 - right) ** 2, right * (1 - right), right * (1 - right), right**2])
+    np.testing.assert_allclose(s["weights"], w, rtol=1e-5)
+    # every sample left of the barrier: the all-left mode only
+    assert s["mass"].tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert s["tv"] == pytest.approx(1 - w[0])
+
+
+def test_well_statistics_separate_exact_from_stuck_samples():
+    from scorelib.data.targets import ManyWellTarget
+    from scorelib.metrics.modes import well_mode_statistics
+
+    tg = ManyWellTarget.create(4)
+    n = 20000
+    x = np.asarray(tg.sample(jax.random.key(0), n))
+    s = well_mode_statistics(x, tg)
+    assert np.all(np.abs(s["mass"] - s["weights"]) < 4 * np.sqrt(s["weights"] / n))
+    assert s["tv"] < 0.01
+    assert np.allclose(s["right"], s["right_weight"], atol=4 * np.sqrt(0.15 / n))
+    stuck = x.copy()  # Langevin from N(0, 1): each well by the sign of its start
+    stuck[:, [0, 2]] = np.abs(stuck[:, [0, 2]]) * np.sign(
+        np.random.default_rng(0).normal(size=(n, 2))
+    )
+    assert well_mode_statistics(stuck, tg)["tv"] > 0.3
+    with pytest.raises(ValueError, match="samples must be of shape"):
+        well_mode_statistics(x[:, :3], tg)
+    with pytest.raises(ValueError, match="^target must be a double well"):
+        well_mode_statistics(x, ManyWellTarget.create(4, b=-1.0))

@@ -294,3 +294,24 @@ def test_processes_pass_through_jit(p):
     # Equal processes are equal and hash alike (one compilation), different ones differ.
     assert p == p.replace() and hash(p) == hash(p.replace())
     assert jax.tree_util.tree_leaves(p) == []
+
+
+def test_ornstein_uhlenbeck_is_the_ou_process_in_rescaled_time():
+    """dx = -x ds + sqrt(2) dB at OU time s = T t: alpha = e^{-s}, sigma^2 = 1 - e^{-2s}, and
+    per unit of process time f = -T, g^2 = 2 T (written from the OU process, not from VP)."""
+    from scorelib.processes import ornstein_uhlenbeck
+
+    T = 2.5
+    p = ornstein_uhlenbeck(T, eps=0.01)
+    assert isinstance(p, VP) and (p.t_min, p.t_max) == (0.01, 1.0)
+    t = np.array([0.01, 0.2, 0.7, 1.0])
+    with jax.enable_x64(True):
+        tt = jnp.asarray(t, jnp.float64)
+        np.testing.assert_allclose(np.asarray(p.alpha(tt)), np.exp(-T * t), rtol=1e-12)
+        np.testing.assert_allclose(
+            np.asarray(p.sigma(tt)), np.sqrt(1 - np.exp(-2 * T * t)), rtol=1e-12
+        )
+        np.testing.assert_allclose(np.asarray(p.f(tt)), -T, rtol=1e-12)
+        np.testing.assert_allclose(np.asarray(p.g2(tt)), 2 * T, rtol=1e-12)
+    with pytest.raises(ValueError, match="^process.horizon must be"):
+        ornstein_uhlenbeck(-1.0)
