@@ -431,11 +431,17 @@ class DistillRun(TrainedRun):
     def sample_params(self, state, use_ema: bool):
         return state.ema_params if use_ema else state.params["student"]
 
-    def sample(self, params, num_samples: int, seed: int, batch_size: int, *, progress=False):
-        """``(x [num_samples, *data_shape], info)``: one-step samples of the generator
-        ``params`` (:func:`scorelib.distill.one_step_sampler`); example ``b`` draws its
-        noise from ``fold_in(key(seed), b)``, so the samples do not depend on
-        ``batch_size``."""
+    def sample(self, params, num_samples: int, seed: int, batch_size: int) -> np.ndarray:
+        """``[num_samples, *data_shape]`` one-step samples of the generator ``params``
+        (:func:`scorelib.distill.one_step_sampler`); example ``b`` draws its noise from
+        ``fold_in(key(seed), b)``, so the samples do not depend on ``batch_size``."""
+        return self._one_step(params, num_samples, seed, batch_size, progress=False)[0]
+
+    def draw(self, params, *, progress: bool = True):
+        s = self.sampling
+        return self._one_step(params, s.num_samples, s.seed, s.batch_size, progress=progress)
+
+    def _one_step(self, params, num_samples, seed, batch_size, *, progress):
         sample = distill.one_step_sampler(self.nets.model, self.dcfg.sigma_g, self.sigma_data)
         return draw_samples(
             sample,
@@ -447,10 +453,6 @@ class DistillRun(TrainedRun):
             progress=progress,
             desc="sampling (one step)",
         )
-
-    def draw(self, params, *, progress: bool = True):
-        s = self.sampling
-        return self.sample(params, s.num_samples, s.seed, s.batch_size, progress=progress)
 
     def title(self, run_dir: Path, step: int, info: dict, use_ema: bool) -> str:
         return (

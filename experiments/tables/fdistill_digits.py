@@ -177,7 +177,7 @@ def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
         rows, trun, chosen[int(seed)] = teacher_samples(teacher_dir, tc, int(seed), log)
         for d in tc.divergences:
             srun, state = student(tc, d, teacher_dir, run_dir, log)
-            x, _ = srun.sample(state.ema_params, int(tc.samples), int(seed), int(tc.batch_size))
+            x = srun.sample(state.ema_params, int(tc.samples), int(seed), int(tc.batch_size))
             rows[(f"student, {distill.describe(d)}", 1, d)] = x
         for (label, nfe, key), x in rows.items():
             r = evaluate_images(x, trun.data.images, "digits", seed=int(seed), progress=True)
