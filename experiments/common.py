@@ -356,7 +356,10 @@ class RecordOutputDirs(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         HydraConfig.instance().set_config(config)  # as run_job does next: hydra.run.dir resolves
-        out = Path(str(OmegaConf.select(config, "hydra.run.dir"))).resolve()
+        try:
+            out = Path(str(OmegaConf.select(config, "hydra.run.dir"))).resolve()
+        except OmegaConfBaseException:  # e.g. run_dir missing: the task reports it in one line
+            return
         _EXISTED.set(frozenset(p for p in (out, *out.parents) if p.exists()))
 
 
