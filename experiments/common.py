@@ -302,7 +302,8 @@ def hydra_app(config_name: str):
             os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises; we report
             started = _COMMAND_STARTED.set(time.time())
             try:
-                hydra_main()
+                with training.quiet_closed_loop_tracebacks():  # orbax's noise on damaged files
+                    hydra_main()
             except (HydraException, OmegaConfBaseException) as e:
                 if traceback:
                     raise

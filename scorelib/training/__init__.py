@@ -28,8 +28,10 @@ To start a new run from another run's weights (fine-tuning), replace the fresh s
 from scorelib.training.checkpoint import (
     Checkpointer,
     CheckpointError,
+    ClosedLoopTracebackFilter,
     IncompatibleCheckpoint,
     RestoredParams,
+    quiet_closed_loop_tracebacks,
     restore_params,
 )
 from scorelib.training.ema import EMA, ema_decay, ema_update
@@ -46,6 +48,8 @@ __all__ = [
     "IncompatibleCheckpoint",
     "RestoredParams",
     "restore_params",
+    "ClosedLoopTracebackFilter",
+    "quiet_closed_loop_tracebacks",
     "EMA",
     "ema_decay",
     "ema_update",

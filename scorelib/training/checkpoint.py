@@ -40,10 +40,15 @@ Guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import io
 import json
 import logging
 import os
+import re
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -113,6 +118,91 @@ def _reason(e: BaseException) -> str:
     if len(first) > 120:
         first = first[:120] + "..."
     return f"{type(e).__name__}: {first}"
+
+
+#: The lines of the traceback orbax's reads print, one per array still in flight, once a
+#: read of a damaged checkpoint has failed and closed their event loop (tensorstore's threads
+#: call ``loop.call_soon_threadsafe`` on it).
+_CLOSED_LOOP_LINES = re.compile(
+    r'  File ".*asyncio/base_events\.py", line \d+, in (call_soon_threadsafe|_check_closed)'
+    r"|    self\._check_closed\(\)"
+    r"|    raise RuntimeError\('Event loop is closed'\)"
+    r"|RuntimeError: Event loop is closed"
+)
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+class ClosedLoopTracebackFilter(io.TextIOBase):
+    """A text stream (for ``sys.stderr``) that drops the ``RuntimeError: Event loop is
+    closed`` tracebacks orbax's reads print once a read of a damaged checkpoint has failed:
+    hundreds of lines for a checkpoint whose files are all damaged, written piecewise by
+    several threads at once, some after the failed call has returned. Each thread's text
+    is assembled into lines of its own; every line that is not part of such a traceback is
+    written through to ``stream`` unchanged, and a ``Traceback`` header is held until the
+    thread's next line shows whose it is. A line being redrawn (a progress bar's ``\\r``)
+    is written at once.
+    """
+
+    def __init__(self, stream):
+        self.stream = stream
+        self._lock = threading.Lock()
+        self._partial: dict[int, str] = {}  # thread -> its line in progress
+        self._headers: dict[int, int] = {}  # thread -> "Traceback" lines held
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        me = threading.get_ident()
+        with self._lock:
+            *lines, rest = (self._partial.pop(me, "") + text).split("\n")
+            for line in lines:
+                self._line(me, line)
+            if "\r" in rest:  # a progress bar redraws its line: show it now
+                self._release(me)
+                self.stream.write(rest)
+            elif rest:
+                self._partial[me] = rest
+        return len(text)
+
+    def _line(self, me: int, line: str) -> None:
+        if line == _TRACEBACK:
+            self._headers[me] = self._headers.get(me, 0) + 1
+        elif _CLOSED_LOOP_LINES.fullmatch(line):
+            if "in call_soon_threadsafe" in line:  # the first frame: its header goes too
+                self._headers[me] = max(self._headers.get(me, 0) - 1, 0)
+        else:
+            self._release(me)
+            self.stream.write(line + "\n")
+
+    def _release(self, me: int) -> None:
+        self.stream.write((_TRACEBACK + "\n") * self._headers.pop(me, 0))
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def close_filter(self) -> None:
+        """Write out what is held (headers, a last line without its newline)."""
+        with self._lock:
+            for me in list(self._headers):
+                self._release(me)
+            self.stream.write("".join(self._partial.values()))
+            self._partial.clear()
+        self.stream.flush()
+
+    def __getattr__(self, name):  # fileno, isatty, encoding ... of the wrapped stream
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def quiet_closed_loop_tracebacks():
+    """``sys.stderr`` wrapped in a :class:`ClosedLoopTracebackFilter` meanwhile."""
+    real = sys.stderr
+    sys.stderr = ClosedLoopTracebackFilter(real)
+    try:
+        yield
+    finally:
+        sys.stderr = real
 
 
 class RestoredParams(NamedTuple):
@@ -339,7 +429,8 @@ class Checkpointer:
     def _guarded(self, step: int, fn: Callable[[], Any]) -> Any:
         """``fn()``, with any error but a mismatch raised as :class:`CheckpointError`."""
         try:
-            return fn()
+            with quiet_closed_loop_tracebacks():
+                return fn()
         except IncompatibleCheckpoint:
             raise
         except Exception as e:
