@@ -92,11 +92,12 @@ def _tree_signature(tree: Any) -> dict[str, list]:
     return {jax.tree_util.keystr(path): [list(x.shape), str(x.dtype)] for path, x in leaves}
 
 
-def _flatten_config(cfg: Any, prefix: str = "") -> dict[str, Any]:
+def flatten_config(cfg: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a.b": v}`` for nested dicts ``{"a": {"b": v}}`` (lists and other values are leaves)."""
     if isinstance(cfg, dict):
         out = {}
         for k, v in cfg.items():
-            out.update(_flatten_config(v, f"{prefix}{k}."))
+            out.update(flatten_config(v, f"{prefix}{k}."))
         return out
     return {prefix[:-1]: cfg}
 
@@ -388,8 +389,8 @@ class Checkpointer:
     ) -> None:
         problems = []
         if check_config:
-            saved_cfg = _flatten_config(meta.get("config", {}))
-            problems += _differences(saved_cfg, _flatten_config(self.config), "config")
+            saved_cfg = flatten_config(meta.get("config", {}))
+            problems += _differences(saved_cfg, flatten_config(self.config), "config")
         saved_tree = meta.get("tree", {})
         if prefixes is not None:
             saved_tree = {k: v for k, v in saved_tree.items() if k.startswith(prefixes)}
