@@ -10,7 +10,8 @@ step. Each kind implements only what differs: :meth:`TrainedRun.build` (from its
 its ``fingerprint`` (what a checkpoint must match), its ``step_fn`` and :meth:`Run.draw`.
 
 * :func:`train_run`: train (or resume, or find complete) a run in its directory;
-* :func:`load_run`: a run directory's run and its state at a checkpoint;
+* :meth:`TrainedRun.load` (:func:`experiments.runs.load_run`): a run directory's run and
+  its state at a checkpoint;
 * :meth:`TrainedRun.save_samples` / :meth:`Run.write_samples`: draw and write samples
   under ``samples/`` (:mod:`experiments.runs.layout`);
 * :meth:`TrainedRun.find_samples`: the samples an ``experiments.evaluate`` command means.
@@ -21,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import jax
 import numpy as np
@@ -108,9 +109,6 @@ class TrainedRun(Run):
     state: Any
     step_fn: Any
     fingerprint: dict
-
-    #: which entry point writes this kind (for messages)
-    writer: ClassVar[str] = "experiments.train"
 
     # ------------------------------------------------------------------ what each kind writes
 

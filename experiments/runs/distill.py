@@ -358,8 +358,6 @@ class DistillRun(TrainedRun):
     sampling: OneStep
     disc_inputs: str = ""  # what the discriminator heads read (printed at the start)
 
-    writer = "experiments.distill"
-
     @classmethod
     def build(cls, cfg: DictConfig, mesh=None) -> DistillRun:
         """Build every object of the distillation; every config error surfaces here.
