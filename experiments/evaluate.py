@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 from experiments import build
 from experiments.common import clean_errors, hydra_app
 from experiments.runs import configure_jax, read_config, run_kind
-from experiments.runs.base import override_keys
+from experiments.runs.base import override_keys, selects_samples
 from experiments.runs.evaluation import describe_samples, evaluate_and_write, load_samples
 from experiments.schema import register_configs
 
@@ -41,8 +41,7 @@ def samples_path(cfg: DictConfig, kind, overrides: list[str]) -> Path:
     """
     if not cfg.samples:
         return kind.find_samples(cfg, overrides)
-    keys = override_keys(overrides)
-    selectors = [k for k in keys if k in ("sampler", "step", "use_ema") or k[:8] == "sampler."]
+    selectors = [k for k in override_keys(overrides) if selects_samples(k)]
     if selectors:
         raise ValueError(
             f"samples= names the file to evaluate; {selectors[0]}= selects samples by how "

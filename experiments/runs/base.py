@@ -302,7 +302,7 @@ class TrainedRun(Run):
         name = cls.samples_name(cls.sampling_of(cfg), cmd.use_ema)
         path = samples_dir(run_dir, name, step) / "samples.npz"
         if not path.is_file():
-            selectors = " ".join(k for k in override_keys(overrides) if _selects_samples(k))
+            selectors = " ".join(k for k in override_keys(overrides) if selects_samples(k))
             raise FileNotFoundError(
                 f"{path}: no samples there; draw them with python -m experiments.sample "
                 f"run_dir={run_dir} and the same sampler/step/use_ema arguments"
@@ -316,7 +316,8 @@ def override_keys(overrides: list[str]) -> list[str]:
     return [o.split("=", 1)[0].lstrip("+~") for o in overrides]
 
 
-def _selects_samples(key: str) -> bool:
+def selects_samples(key: str) -> bool:
+    """Whether the override field ``key`` chooses which samples a command means."""
     return key in ("sampler", "step", "use_ema") or key.startswith("sampler.")
 
 
