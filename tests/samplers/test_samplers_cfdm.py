@@ -9,7 +9,6 @@ import pytest
 from scipy.special import logsumexp
 from sklearn.datasets import make_moons
 
-from experiments.schema import DEFAULT_GRID
 from scorelib.processes import EDM
 from scorelib.processes.rectified import RectifiedFlow
 from scorelib.samplers import SAMPLERS, draw_samples, edm_grid, get_sampler, make_grid
@@ -100,7 +99,7 @@ def test_every_registered_sampler_runs_on_a_smoothed_source(name):
     at sigma_s > 0 the samples are finite and do not depend on the batch size."""
     p = EDM(sigma_min=0.002, sigma_max=5.0)
     tab = EmpiricalScore.create(p, TRAIN[:12], chunk=8)
-    grid = make_grid(DEFAULT_GRID[name], 3, p)
+    grid = make_grid(get_sampler(name).default_grid, 3, p)
     sampler = per_example(get_sampler(name))
     key = jax.random.key(5)
     exact, _ = get_sampler(name)(tab, key, (4, 2), grid=grid)
