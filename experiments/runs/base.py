@@ -127,6 +127,11 @@ class TrainedRun(Run):
         """The state a new run starts from (default: the fresh ``state``)."""
         return self.state
 
+    def fingerprint_defaults(self) -> dict:
+        """Dotted fingerprint key -> the value a checkpoint written before that key existed
+        stands for (``Checkpointer(config_defaults=...)``; default: none)."""
+        return {}
+
     def saved_config(self) -> DictConfig:
         """The config written to ``config.yaml`` (default: ``cfg`` resolved)."""
         return OmegaConf.create(OmegaConf.to_container(self.cfg, resolve=True))
@@ -186,6 +191,7 @@ class TrainedRun(Run):
             keep_last=tc.keep_last,
             keep_every=tc.keep_every,
             config=self.fingerprint,
+            config_defaults=self.fingerprint_defaults(),
         )
 
     def resume(self, ckpt: training.Checkpointer, run_dir: Path):

@@ -2,9 +2,9 @@
 that keeps two commands from training it at once.
 
 A run directory, ``outputs/<preset>/<overrides>``, is named by the overrides of its
-identity (``configs/train.yaml``'s ``exclude_keys`` leave the rest out), so the same
-command finds the same directory; :func:`check_same_run` refuses a directory that holds a
-run of another config before anything is written.
+identity (Hydra's ``exclude_keys``, ``experiments.schema.not_identity_keys``, leave the
+rest out), so the same command finds the same directory; :func:`check_same_run` refuses a
+directory that holds a run of another config before anything is written.
 """
 
 from __future__ import annotations

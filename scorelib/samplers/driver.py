@@ -25,7 +25,8 @@ step, or a noise level for annealed Langevin; 0-based) draws
 ``key`` and its global index.
 
 Adding a sampler: write a ``StepRule`` subclass (``options``, ``stochastic`` or
-``is_stochastic``, ``check``, ``nfe``, ``init``, ``scan_inputs``, ``step``, ``final``), wrap it
+``is_stochastic``, ``default_grid``, ``check``, ``nfe``, ``init``, ``scan_inputs``, ``step``,
+``final``), wrap it
 with ``Sampler(MyRule())`` and add it to ``SAMPLERS`` in ``scorelib/samplers/__init__.py``.
 """
 
@@ -249,12 +250,15 @@ class StepRule:
         :meth:`is_stochastic` instead.
       unroll_scan: whether the driver's scan takes the ``unroll`` option (a rule with an
         inner loop may apply it there instead).
+      default_grid: the grid (a name of ``grids.GRIDS``) the sampler is run on unless told
+        otherwise (the paper's discretisation: EDM's rho-schedule for Heun).
     """
 
     name: ClassVar[str]
     options: ClassVar[Mapping[str, Any]] = {}
     stochastic: ClassVar[bool]
     unroll_scan: ClassVar[bool] = True
+    default_grid: ClassVar[str] = "edm"
 
     def is_stochastic(self, opts: Mapping[str, Any]) -> bool:
         """Whether a run with the validated options ``opts`` draws step noise."""
@@ -335,6 +339,7 @@ class Sampler:
     Attributes:
       name: the registry name.
       options: option name -> default, ``unroll`` included.
+      default_grid: the grid it is run on unless told otherwise (``StepRule.default_grid``).
       rule: the :class:`StepRule`.
 
     Raises (when called):
@@ -347,6 +352,7 @@ class Sampler:
         self.rule = rule
         self.name = rule.name
         self.options: Mapping[str, Any] = {**rule.options, **DRIVER_OPTIONS}
+        self.default_grid: str = rule.default_grid
         self.__name__ = self.__qualname__ = rule.name
         self.__doc__ = rule.__doc__
         self.__module__ = type(rule).__module__

@@ -20,8 +20,9 @@ Grids are built once on the host, in float64.
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -195,12 +196,26 @@ def log_snr_grid(
     return _with_final(sig, float(top), float(bottom), final_zero)
 
 
-GRIDS: Mapping[str, Mapping[str, Any]] = {
-    "edm": {"sigma_min": 0.002, "sigma_max": 80.0, "rho": 7.0},
-    "uniform_t": {"t_min": None, "t_max": None},
-    "log_snr": {"t_min": None, "t_max": None},
+GRID_FUNCTIONS: Mapping[str, Callable[..., np.ndarray]] = {
+    "edm": edm_grid,
+    "uniform_t": uniform_t_grid,
+    "log_snr": log_snr_grid,
 }
-"""Grid name -> its options and their defaults (``None``: the process's ``t_min``/``t_max``)."""
+"""Grid name -> its constructor. The constructor's keyword parameters other than ``process``,
+``n`` and ``final_zero`` are the grid's options, their defaults the grid's defaults: the one
+place a grid declares them (:data:`GRIDS` and the config schema are read from here)."""
+
+_NOT_OPTIONS = ("process", "n", "final_zero")
+
+
+def _options(fn: Callable) -> dict[str, Any]:
+    params = inspect.signature(fn).parameters.values()
+    return {p.name: p.default for p in params if p.name not in _NOT_OPTIONS}
+
+
+GRIDS: Mapping[str, Mapping[str, Any]] = {name: _options(fn) for name, fn in GRID_FUNCTIONS.items()}
+"""Grid name -> its options and their defaults (``None``: the process's ``t_min``/``t_max``),
+read from the signatures of :data:`GRID_FUNCTIONS`."""
 
 
 def make_grid(
@@ -211,8 +226,8 @@ def make_grid(
     ``edm`` is :func:`edm_grid` (Karras et al. 2022, eq. 5; options ``sigma_min``,
     ``sigma_max``, ``rho``; no process needed), ``uniform_t`` is :func:`uniform_t_grid`
     (Song et al. 2021) and ``log_snr`` is :func:`log_snr_grid` (Lu et al. 2022), both with
-    options ``t_min``, ``t_max`` and a process. Options not given take the defaults of
-    ``GRIDS[name]``.
+    options ``t_min``, ``t_max`` and a process. Options not given take the constructor's
+    defaults (``GRIDS[name]``).
 
     Args:
       name: one of ``GRIDS``.
@@ -237,13 +252,7 @@ def make_grid(
             raise ValueError(
                 f"sampler.{k} is not used by grid {name} (its options: {', '.join(GRIDS[name])})"
             )
-    opts = {**GRIDS[name], **opts}
-    if name == "edm":
-        grid = edm_grid(steps, final_zero=final_zero, **opts)
-        if process is not None:
-            check_in_range(grid, process, "sampler.sigma_max")
-        return grid
-    if process is not None and opts["t_max"] is not None:
+    if process is not None and opts.get("t_max") is not None:
         require(
             is_real(opts["t_max"]) and opts["t_max"] <= process.t_max,
             "sampler.t_max",
@@ -251,8 +260,12 @@ def make_grid(
             f"({type(process).__name__}: the network never saw later times)",
             opts["t_max"],
         )
-    fn = uniform_t_grid if name == "uniform_t" else log_snr_grid
-    return fn(process, steps, final_zero=final_zero, **opts)
+    fn = GRID_FUNCTIONS[name]
+    args = (process, steps) if "process" in inspect.signature(fn).parameters else (steps,)
+    grid = fn(*args, final_zero=final_zero, **opts)
+    if process is not None and "sigma_max" in GRIDS[name]:
+        check_in_range(grid, process, "sampler.sigma_max")
+    return grid
 
 
 def check_in_range(grid: np.ndarray, process: Process, field: str) -> None:

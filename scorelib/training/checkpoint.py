@@ -102,10 +102,16 @@ def flatten_config(cfg: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: cfg}
 
 
-def _differences(saved: dict, current: dict, label: str, fmt=repr) -> list[str]:
+def _differences(saved: dict, current: dict, label: str, fmt=repr, added=None) -> list[str]:
+    """One line per key whose value differs; a key ``saved`` lacks is no difference when
+    ``added`` (key -> value) holds the current value (a field added since, at the value
+    that reproduces the old behaviour)."""
     out = []
+    added = added or {}
     for k in sorted(set(saved) | set(current)):
         a, b = saved.get(k), current.get(k)
+        if k not in saved and k in added and b == added[k]:
+            continue
         if a != b:
             sa = "<absent>" if k not in saved else fmt(a)
             sb = "<absent>" if k not in current else fmt(b)
@@ -229,6 +235,9 @@ class Checkpointer:
         of it (orbax's ``EveryNSteps`` preservation policy beside ``LatestN``).
       config: a JSON-serialisable dict describing the model (and anything else that
         must match on restore), e.g. ``{"model": {"width": 512, "depth": 4}}``.
+      config_defaults: dotted key -> value, e.g. ``{"model.norm": "none"}``: a key of
+        ``config`` that a checkpoint's config lacks (written before the field existed) is
+        no difference while it holds this value.
       async_save: write in a background thread (default) or block in :meth:`save`.
 
     Raises:
@@ -245,6 +254,7 @@ class Checkpointer:
         keep_last: int = 3,
         keep_every: int | None = None,
         config: dict | None = None,
+        config_defaults: dict | None = None,
         async_save: bool = True,
     ):
         self.save_every = check_int(save_every, "checkpoint.save_every", low=1)
@@ -254,6 +264,7 @@ class Checkpointer:
         )
         try:
             self.config = json.loads(json.dumps(config or {}))
+            self.config_defaults = json.loads(json.dumps(config_defaults or {}))
         except TypeError as e:
             raise ValueError(f"checkpoint.config must be JSON-serialisable: {e}") from e
         self.directory = os.path.abspath(os.fspath(directory))
@@ -390,7 +401,8 @@ class Checkpointer:
         problems = []
         if check_config:
             saved_cfg = flatten_config(meta.get("config", {}))
-            problems += _differences(saved_cfg, flatten_config(self.config), "config")
+            current = flatten_config(self.config)
+            problems += _differences(saved_cfg, current, "config", added=self.config_defaults)
         saved_tree = meta.get("tree", {})
         if prefixes is not None:
             saved_tree = {k: v for k, v in saved_tree.items() if k.startswith(prefixes)}
@@ -594,6 +606,7 @@ def restore_params(
     *,
     step: int | None = None,
     expected_fingerprint: dict | None = None,
+    fingerprint_defaults: dict | None = None,
 ) -> RestoredParams:
     """The parameters and EMA parameters of another run's checkpoint, to initialise a new run.
 
@@ -608,6 +621,7 @@ def restore_params(
       expected_fingerprint: the new run's model fingerprint (the ``config`` it passes to
         :class:`Checkpointer`); every key must equal the checkpoint's. ``None``: only
         the parameter shapes and dtypes are compared.
+      fingerprint_defaults: the ``config_defaults`` of :class:`Checkpointer`.
 
     Returns:
       :class:`RestoredParams` ``(params, ema_params, step)`` with the structure, dtypes
@@ -619,7 +633,12 @@ def restore_params(
         ``config model.width: checkpoint 32, current 16``.
       CheckpointError: the checkpoint cannot be read.
     """
-    ckpt = Checkpointer(checkpoint_dir, save_every=1, config=expected_fingerprint)
+    ckpt = Checkpointer(
+        checkpoint_dir,
+        save_every=1,
+        config=expected_fingerprint,
+        config_defaults=fingerprint_defaults,
+    )
     try:
         return ckpt.restore_params(
             abstract_params, step=step, check_config=expected_fingerprint is not None

@@ -227,6 +227,27 @@ def test_mismatch_is_raised_not_skipped(tmp_path):
     c.close()
 
 
+def test_a_field_added_since_the_checkpoint_matches_while_it_holds_its_default(tmp_path):
+    """A checkpoint written before ``model.norm`` existed restores into a config holding
+    the field's declared default, and refuses any other value of it."""
+    with Checkpointer(tmp_path, save_every=1, config={"model": {"width": 32}}) as c:
+        c.save(1, _state(3.0))
+    new = {"model": {"width": 32, "norm": "none"}}
+    with Checkpointer(
+        tmp_path, save_every=1, config=new, config_defaults={"model.norm": "none"}
+    ) as c:
+        assert _equal(c.restore_latest(_abstract()), _state(3.0))
+    new["model"]["norm"] = "layer"
+    with Checkpointer(
+        tmp_path, save_every=1, config=new, config_defaults={"model.norm": "none"}
+    ) as c:
+        with pytest.raises(IncompatibleCheckpoint, match="config model.norm: checkpoint <absent>"):
+            c.restore_latest(_abstract())
+    with Checkpointer(tmp_path, save_every=1, config={"model": {"width": 32, "norm": "none"}}) as c:
+        with pytest.raises(IncompatibleCheckpoint, match="config model.norm"):
+            c.restore_latest(_abstract())  # no declared default: a difference
+
+
 def test_keep_last_and_keep_every(tmp_path):
     with Checkpointer(tmp_path, save_every=1, keep_last=2, keep_every=5) as c:
         for step in range(1, 13):
