@@ -31,6 +31,7 @@ import numpy as np
 
 from scorelib._checks import check_choice, check_int, check_real, is_real, require
 from scorelib.processes.base import Process
+from scorelib.processes.noise_levels import rho_spaced
 
 
 def _check_sigmas(sigma_min: Any, sigma_max: Any) -> tuple[float, float]:
@@ -53,27 +54,6 @@ def _with_final(positive: np.ndarray, top: float, bottom: float, final_zero: boo
     if final_zero:
         positive = np.concatenate([positive, [0.0]])
     return positive
-
-
-def rho_spaced(u, sigma_min: float, sigma_max: float, rho: float):
-    """Noise levels at fractions ``u`` of the EDM rho-schedule (Karras et al. 2022, eq. 5).
-
-    ``(sigma_max^(1/rho) + u (sigma_min^(1/rho) - sigma_max^(1/rho)))^rho``: ``u = 0`` is
-    ``sigma_max``, ``u = 1`` is ``sigma_min``; the grid of :func:`edm_grid` at
-    ``u = i / (M - 1)`` and, at ``u ~ U(0, 1)``, its continuous form (the noise levels of
-    ``scorelib.distill``). Works on numpy and JAX arrays alike (no checks: the callers
-    validate ``0 < sigma_min < sigma_max`` and ``rho > 0``).
-
-    Args:
-      u: fractions in [0, 1], any shape (numpy or JAX).
-      sigma_min, sigma_max: the end levels (VE frame, data units).
-      rho: the schedule exponent.
-
-    Returns:
-      the levels, ``u``'s shape and array type.
-    """
-    a, b = sigma_max ** (1.0 / rho), sigma_min ** (1.0 / rho)
-    return (a + u * (b - a)) ** rho
 
 
 def edm_grid(

@@ -23,6 +23,11 @@ Wiring (see ``tests/training`` for a runnable example)::
 Running the same code again resumes from the newest readable checkpoint in ``run_dir``.
 To start a new run from another run's weights (fine-tuning), replace the fresh state's
 ``params`` and ``ema_params`` with :func:`restore_params` of that run's checkpoints.
+
+A step of another kind of training (``scorelib.distill``) builds on the same pieces: a
+``TrainState`` of several parts with one optimizer each (``TrainState.create``), the
+update that skips non-finite steps (:func:`apply_update`) and the step counters
+(:func:`advance`); the loop and the checkpoints take it as they are.
 """
 
 from scorelib.training.checkpoint import (
@@ -40,7 +45,7 @@ from scorelib.training.metrics_log import MetricsWriter
 from scorelib.training.multi_seed import stack, train_seeds, unstack
 from scorelib.training.optim import make_optimizer, warmup_schedule
 from scorelib.training.state import TrainState, abstract_state, create_state, init_state
-from scorelib.training.step import make_train_step, network_source
+from scorelib.training.step import advance, apply_update, make_train_step, network_source
 
 __all__ = [
     "CheckpointError",
@@ -67,6 +72,8 @@ __all__ = [
     "abstract_state",
     "create_state",
     "init_state",
+    "advance",
+    "apply_update",
     "make_train_step",
     "network_source",
 ]
