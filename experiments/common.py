@@ -301,9 +301,9 @@ def hydra_app(config_name: str):
             saved = os.environ.get("HYDRA_FULL_ERROR")
             os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises; we report
             started = _COMMAND_STARTED.set(time.time())
+            stderr = training.filter_closed_loop_tracebacks()  # orbax's noise on damaged files
             try:
-                with training.quiet_closed_loop_tracebacks():  # orbax's noise on damaged files
-                    hydra_main()
+                hydra_main()
             except (HydraException, OmegaConfBaseException) as e:
                 if traceback:
                     raise
@@ -318,6 +318,7 @@ def hydra_app(config_name: str):
                 print("interrupted; rerun the same command to resume", file=sys.stderr)
                 sys.exit(INTERRUPTED)
             finally:
+                stderr.close_filter()
                 _COMMAND_STARTED.reset(started)
                 if saved is None:
                     os.environ.pop("HYDRA_FULL_ERROR", None)

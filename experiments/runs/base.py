@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +180,12 @@ class TrainedRun(Run):
     def evaluation_source(cls, run_dir: Path, step: int | None, use_ema: bool):
         """The score source whose bits/dim the evaluation reports, or ``None``."""
         return None
+
+    @classmethod
+    def comparison_rows(cls, run_cfg: DictConfig, *, num_samples: int, seed: int) -> dict:
+        """``{label: (nfe, samples)}``: other samplers' samples the evaluation of this run's
+        samples shows beside them, by every metric (default: none)."""
+        return {}
 
     # ------------------------------------------------------------------ the lifecycle
 
@@ -411,6 +418,7 @@ def train_run(
                 write_run_info(
                     run_dir, run_config(run, run_dir), seed=cfg.trainer.seed, extra=extra
                 )
+            start, t0 = int(parallel.to_host(state.step)), time.perf_counter()
             state = train_loop(
                 state,
                 run.step_fn,
@@ -427,6 +435,11 @@ def train_run(
             )
         finally:
             ckpt.close()
+    done = cfg.trainer.steps - start
+    if lead and done > 0:  # wall time of the loop: compilation, steps, logs, checkpoints
+        wall = time.perf_counter() - t0
+        per_step = 1000 * wall / done
+        print(f"trained {done} steps in {wall:.0f} s ({per_step:.1f} ms per step with compiling)")
     return run, state
 
 

@@ -36,6 +36,7 @@ from scorelib.training.checkpoint import (
     ClosedLoopTracebackFilter,
     IncompatibleCheckpoint,
     RestoredParams,
+    filter_closed_loop_tracebacks,
     quiet_closed_loop_tracebacks,
     restore_params,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "RestoredParams",
     "restore_params",
     "ClosedLoopTracebackFilter",
+    "filter_closed_loop_tracebacks",
     "quiet_closed_loop_tracebacks",
     "EMA",
     "ema_decay",

@@ -40,6 +40,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import glob
 import io
@@ -189,8 +190,11 @@ class ClosedLoopTracebackFilter(io.TextIOBase):
         self.stream.flush()
 
     def close_filter(self) -> None:
-        """Write out what is held (headers, a last line without its newline)."""
+        """Write out what is held (headers, a last line without its newline); the filter
+        stays usable. A stream closed meanwhile (at interpreter exit) is left alone."""
         with self._lock:
+            if getattr(self.stream, "closed", False):
+                return
             for me in list(self._headers):
                 self._release(me)
             self.stream.write("".join(self._partial.values()))
@@ -210,6 +214,21 @@ def quiet_closed_loop_tracebacks():
         yield
     finally:
         sys.stderr = real
+
+
+def filter_closed_loop_tracebacks() -> ClosedLoopTracebackFilter:
+    """Wrap ``sys.stderr`` in a :class:`ClosedLoopTracebackFilter` for the rest of the process.
+
+    For a command's entry point: orbax's threads may print their tracebacks after the failed
+    read has returned, even while the interpreter exits, so a filter that is removed when
+    the command returns lets them through. Installing twice keeps the first filter; what it
+    holds is written out at exit.
+    """
+    if isinstance(sys.stderr, ClosedLoopTracebackFilter):
+        return sys.stderr
+    sys.stderr = ClosedLoopTracebackFilter(sys.stderr)
+    atexit.register(sys.stderr.close_filter)
+    return sys.stderr
 
 
 class RestoredParams(NamedTuple):
