@@ -114,6 +114,7 @@ def well_mode_statistics(samples: Any, target: Any) -> dict:
       ValueError: a non-finite or mis-shaped ``samples``; naming ``target`` for a target
         with more than 16 wells or a single-mode well.
     """
+    check_real_dtype(samples, "samples")
     x = np.asarray(samples, np.float64)
     d = int(target.dim)
     require(
