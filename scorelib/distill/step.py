@@ -36,13 +36,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from scorelib._checks import check_int, check_real, require
+from scorelib._checks import check_array, check_int, check_real, note_text, require
 from scorelib._pytree import static_pytree
 from scorelib.distill import losses, ratio
 from scorelib.distill.divergences import check_divergence, h_weight
 from scorelib.distill.networks import generate, network_features, network_inputs
 from scorelib.keys import example_keys
 from scorelib.processes.noise_levels import rho_spaced
+from scorelib.scores.base import ScoreSource
 from scorelib.scores.network import NetworkScore
 from scorelib.training.ema import EMA
 from scorelib.training.optim import make_optimizer as _training_optimizer
@@ -179,6 +180,33 @@ def init_distill_state(params: dict, optimizers: dict, cfg: DistillConfig, seed:
     )
 
 
+def check_distill_shapes(teacher, batch_fn, batch_size: int, data_shape) -> tuple[int, ...]:
+    """The entry checks of :func:`make_distill_step` on static shapes; returns ``data_shape``.
+
+    The teacher must take ``[batch, *data_shape]`` (its own ``data_shape`` when it has one)
+    and ``batch_fn(step)`` must give real ``[batch_size, *data_shape]`` data (read by
+    ``jax.eval_shape``: nothing is computed).
+
+    Raises:
+      ValueError: naming ``teacher`` (not a score source), ``data_shape`` (not a tuple of
+        sizes >= 1, or not the teacher's) or ``batch_fn(step)`` (another shape or dtype).
+    """
+    require(isinstance(teacher, ScoreSource), "teacher", "a scorelib ScoreSource", type(teacher))
+    try:
+        shape = tuple(int(s) for s in data_shape)
+    except (TypeError, ValueError):
+        shape = ()
+    require(bool(shape) and min(shape) >= 1, "data_shape", "a tuple of sizes >= 1", data_shape)
+    expected, note = teacher.expected_data_shape()
+    if expected is not None and shape != expected:
+        require(False, "data_shape", f"the teacher's {expected}{note_text(note)}", shape)
+    out = jax.eval_shape(batch_fn, jax.ShapeDtypeStruct((), jnp.int32))
+    check_array(
+        out, "batch_fn(step)", (batch_size, *shape), note=" ([trainer.batch_size, *data_shape])"
+    )
+    return shape
+
+
 @dataclasses.dataclass(frozen=True)
 class Networks:
     """The graph definitions of the distillation's networks.
@@ -243,9 +271,9 @@ def make_distill_step(
       ``ratio_bin<k>`` (the per-bin means after the step).
     """
     check_int(batch_size, "trainer.batch_size", low=1)
+    B, shape = batch_size, check_distill_shapes(teacher, batch_fn, batch_size, data_shape)
     process = teacher.process
     sd = nets.sigma_data
-    B, shape = batch_size, tuple(data_shape)
 
     def per_example(x):
         """``x: [B, ...]`` laid out along the batch sharding (a no-op on one device)."""

@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scorelib._checks import check_int, require
+from scorelib._checks import check_int, note_text, require
 from scorelib.keys import example_keys
 from scorelib.scores.base import ScoreSource
 
@@ -76,14 +76,9 @@ def check_common(source, shape, grid, x_T, first_index, float64) -> tuple[tuple,
         "(batch, *data_shape) with every size >= 1",
         shape,
     )
-    data_shape = getattr(source, "data_shape", None)
-    if data_shape:
-        require(
-            tuple(data_shape) == shape[1:],
-            "shape[1:]",
-            f"the source's data_shape {tuple(data_shape)}",
-            shape,
-        )
+    data_shape, note = source.expected_data_shape()
+    if data_shape and tuple(data_shape) != shape[1:]:
+        require(False, "shape[1:]", f"{tuple(data_shape)}{note_text(note)}", shape)
     g = np.asarray(grid, dtype=np.float64)
     require(
         g.ndim == 1 and g.shape[0] >= 2,
