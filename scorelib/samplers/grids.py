@@ -118,6 +118,23 @@ def _check_positive_range(top: float, bottom: float) -> None:
     )
 
 
+def _process_time_levels(
+    process: Process, n: Any, t_min: Any, t_max: Any, final_zero: bool
+) -> tuple[int, float, float, float, float]:
+    """The checked start of a grid in process time: ``(m, t_min, t_max, top, bottom)``, with
+    ``m`` the number of positive points and ``top``, ``bottom`` the VE noise levels of
+    ``t_max`` and ``t_min`` (float64).
+
+    Raises:
+      ValueError: naming ``sampler.steps``, ``sampler.t_min`` or ``sampler.t_max``.
+    """
+    n = check_int(n, "sampler.steps", low=1)
+    t_min, t_max = _process_range(process, t_min, t_max)
+    top, bottom = _ve_sigma64(process, np.array([t_max, t_min]))
+    _check_positive_range(float(top), float(bottom))
+    return (n if final_zero else n + 1), t_min, t_max, float(top), float(bottom)
+
+
 def uniform_t_grid(
     process: Process,
     n: int,
@@ -142,14 +159,9 @@ def uniform_t_grid(
     Raises:
       ValueError: naming ``sampler.steps``, ``sampler.t_min`` or ``sampler.t_max``.
     """
-    n = check_int(n, "sampler.steps", low=1)
-    t_min, t_max = _process_range(process, t_min, t_max)
-    m = n if final_zero else n + 1
+    m, t_min, t_max, top, bottom = _process_time_levels(process, n, t_min, t_max, final_zero)
     ts = np.linspace(t_max, t_min, m) if m > 1 else np.array([t_max])
-    sig = _ve_sigma64(process, ts)
-    top, bottom = _ve_sigma64(process, np.array([t_max, t_min]))
-    _check_positive_range(float(top), float(bottom))
-    return _with_final(sig, float(top), float(bottom), final_zero)
+    return _with_final(_ve_sigma64(process, ts), top, bottom, final_zero)
 
 
 def log_snr_grid(
@@ -166,14 +178,10 @@ def log_snr_grid(
 
     Args, Returns, Raises: as :func:`uniform_t_grid`.
     """
-    n = check_int(n, "sampler.steps", low=1)
-    t_min, t_max = _process_range(process, t_min, t_max)
-    top, bottom = _ve_sigma64(process, np.array([t_max, t_min]))
-    _check_positive_range(float(top), float(bottom))
-    m = n if final_zero else n + 1
+    m, _, _, top, bottom = _process_time_levels(process, n, t_min, t_max, final_zero)
     lam = np.linspace(-2 * np.log(top), -2 * np.log(bottom), m) if m > 1 else None
     sig = np.exp(-0.5 * lam) if lam is not None else np.array([top])
-    return _with_final(sig, float(top), float(bottom), final_zero)
+    return _with_final(sig, top, bottom, final_zero)
 
 
 GRID_FUNCTIONS: Mapping[str, Callable[..., np.ndarray]] = {
