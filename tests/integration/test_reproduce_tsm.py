@@ -68,6 +68,6 @@ def test_reproduce_without_a_table_is_one_line(tmp_path):
     assert p.stderr.strip().splitlines() == [
         "error: table= is required; choose one of "
         "['cfdm', 'fdistill_digits', 'fdistill_gmm', 'gaussian_teleport', "
-        "'gaussian_teleport_cifar10', 'rdmc', 'tsm_low_noise']"
+        "'gaussian_teleport_cifar10', 'qcsbm', 'rdmc', 'sure', 'tsm_low_noise']"
     ]
     assert not run_dir.exists()  # nothing left behind
