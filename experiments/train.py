@@ -18,6 +18,7 @@ The run's lifecycle is :func:`experiments.runs.train_and_sample` with
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -26,6 +27,7 @@ from omegaconf import DictConfig
 from experiments.common import clean_errors, hydra_app
 from experiments.runs import ScoreRun, train_and_sample
 from experiments.schema import register_configs
+from experiments.sweeps import check_trained_run
 
 register_configs()
 
@@ -35,7 +37,7 @@ def run_training(cfg: DictConfig) -> Path:
     return train_and_sample(ScoreRun, cfg, Path(HydraConfig.get().runtime.output_dir))
 
 
-main = hydra_app("train")(run_training)
+main = hydra_app("train", check=functools.partial(check_trained_run, ScoreRun))(run_training)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,21 @@
 """The cluster/ group and the Slurm launcher config, without a Slurm: the launcher takes its
 resources from cluster/, no cluster field is part of a run's name, a sweep's job writes
 where the same single run writes, and the docs' CIFAR-10 recipe (docs/clusters.md) points the
-table at the directory its training command writes."""
+table at the directory its training command writes. Sweeps through submitit's local
+launcher: every job checked before any is submitted, one line per job at the end, and a
+signal after saving reported as requeued or stopped (experiments/sweeps.py)."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from doc_pages import all_text
@@ -103,36 +112,144 @@ def test_the_task_function_pickles_by_value(module):
     assert callable(back)
 
 
+def _local_sweep(tmp_path, *args, popen=False):
+    """``python -m experiments.train -m hydra/launcher=submitit_local <args>`` in
+    ``tmp_path``, outside any Slurm or submitit job (``popen``: started, not waited for)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    for k in list(env):
+        if k.startswith(("SLURM_", "SUBMITIT_")) or k in ("HYDRA_FULL_ERROR", "SCORELIB_TRACEBACK"):
+            del env[k]
+    cmd = [sys.executable, "-m", "experiments.train", "-m", "hydra/launcher=submitit_local", *args]
+    if popen:
+        pipe = subprocess.PIPE
+        return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=pipe, stderr=pipe, text=True)
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+
+
 @pytest.mark.slow
 def test_a_sweep_through_the_submitit_launcher_runs_without_slurm(tmp_path):
     """``-m hydra/launcher=submitit_local``: the same pickling and job start-up as the Slurm
     launcher, on any machine; the job writes where the single run would. (One job: 30-40 s
     on 2 cores, most of it JAX's start-up in the job.)"""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
-    for k in list(env):
-        if k.startswith(("SLURM_", "SUBMITIT_")):
-            del env[k]
     args = ["experiment=toy_dsm", "trainer.steps=5", "trainer.log_every=5", "model.width=8"]
     args += ["sampler.steps=2", "sampler.num_samples=8", "trainer.seed=1"]  # one job
-    proc = subprocess.run(
-        [sys.executable, "-m", "experiments.train", "-m", "hydra/launcher=submitit_local", *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = _local_sweep(tmp_path, *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = tmp_path / "outputs/toy_dsm/model.width-8+trainer.seed-1"
     rows = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(r)["step"] for r in rows] == [5], proc.stderr[-3000:]
     assert (run_dir / "samples/step5").is_dir()
     assert (tmp_path / "outputs/toy_dsm/.submitit").is_dir()  # it went through submitit
+    run = "outputs/toy_dsm/model.width-8+trainer.seed-1"
+    assert proc.stdout.splitlines()[-1] == f"done: {' '.join(args)} -> {run}", proc.stdout
+
+
+# Issue 21, 5: sweeps through submitit without Slurm (hydra/launcher=submitit_local).
+TINY = ["experiment=toy_dsm", "trainer.steps=3", "trainer.batch_size=16", "model.width=8"]
+TINY += ["sampler.steps=2", "sampler.num_samples=8"]
+
+
+def test_an_invalid_job_refuses_a_submitit_sweep_before_any_job_is_submitted(tmp_path):
+    """The issue's input: the valid job used to run, then a 48-line UncompletedJobError."""
+    proc = _local_sweep(tmp_path, "experiment=toy_dsm", "trainer.steps=200", "model.width=16,0")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.splitlines() == [
+        "invalid: model.width=0: model.width must be an integer >= 1; got 0",
+        "error: the sweep is refused: 1 of 2 jobs are invalid; no job was started",
+    ]
+    assert not (tmp_path / "outputs").exists()  # nothing submitted (no .submitit/)
+
+
+@pytest.mark.slow
+def test_a_submitit_sweep_reports_every_job_in_one_line(tmp_path):
+    """A job that fails at run time (its loss is not finite at once: learning rate 1e30):
+    one line with its error and log, the other job done, exit status 1, no traceback; the
+    job exited non-zero with its error line in its log. (About 60 s on 2 cores.)"""
+    proc = _local_sweep(tmp_path, *TINY, "optim.lr=1e30,0.001")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    run = "outputs/toy_dsm/model.width-8+optim.lr-{}+trainer.batch_size-16"
+    done = [line for line in proc.stdout.splitlines() if line.startswith("done:")]
+    assert done == [f"done: optim.lr=0.001 -> {run.format('0.001')}"], proc.stdout
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    failed = re.fullmatch(
+        r"failed: optim\.lr=1e\+30: non-finite loss at step \d+ \(log: (\S+)\)", lines[0]
+    )
+    assert failed, lines
+    assert re.fullmatch(r"outputs/toy_dsm/\.submitit/\d+/\d+_0_log\.err", failed[1])
+    assert "error: non-finite loss at step" in (tmp_path / failed[1]).read_text()
+    assert lines[1] == "error: 1 of 2 jobs did not finish (1 failed)"
+    assert (tmp_path / run.format("0.001") / "samples/step3").is_dir()
+
+
+def _writer_of(path: Path) -> int | None:
+    """The process that has ``path`` open (Linux: /proc/<pid>/fd), or None."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") == str(path) for fd in fds):
+                return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="finds the jobs through /proc")
+def test_a_signal_after_saving_is_one_line_requeued_or_stopped(tmp_path):
+    """Issue 21, 5: submitit's time-limit signal (USR2) to one job, USR1 to the other, each as
+    soon as it logged a step. USR2: the step is saved, submitit requeues the job (the local
+    executor restarts it), it resumes and finishes: ``done`` saying so. USR1: the step is
+    saved and the job ends: ``stopped`` with the saved step, exit status 138, instead of a
+    failure with hundreds of lines. (About 2 minutes on 2 cores.)"""
+    steps = 5000  # long enough to be running when the signal arrives
+    args = [f"trainer.steps={steps}", "trainer.log_every=10", "trainer.ckpt_every=100000"]
+    args += ["trainer.batch_size=64", "model.width=32", "sampler.steps=10"]
+    sweep = _local_sweep(tmp_path, "experiment=toy_dsm", *args, "trainer.seed=0,1", popen=True)
+    runs = {
+        seed: tmp_path / f"outputs/toy_dsm/model.width-32+trainer.batch_size-64+trainer.seed-{seed}"
+        for seed in (0, 1)
+    }
+    signals = {0: signal.SIGUSR2, 1: signal.SIGUSR1}
+    try:
+        t0 = time.time()
+        while signals and time.time() - t0 < 300 and sweep.poll() is None:
+            for seed in list(signals):
+                metrics = runs[seed] / "metrics.jsonl"
+                pid = _writer_of(runs[seed] / "train.log") if metrics.is_file() else None
+                if pid is not None and metrics.read_text():
+                    os.kill(pid, signals.pop(seed))
+            time.sleep(0.05)
+        assert not signals, "the jobs did not log a step in time"
+        out, err = sweep.communicate(timeout=300)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    race = "a run finished before its signal arrived (raise trainer.steps)"
+    assert sweep.returncode == 128 + signal.SIGUSR1, (race, out[-2000:], err[-3000:])
+    done = [line for line in out.splitlines() if line.startswith("done:")]
+    rel = {seed: str(path.relative_to(tmp_path)) for seed, path in runs.items()}
+    requeued = re.fullmatch(
+        rf"done: trainer\.seed=0 -> {re.escape(rel[0])} \(saved step (\d+) on SIGUSR2, requeued\)",
+        done[0] if done else "",
+    )
+    assert requeued, (done, err[-3000:])
+    assert f"from step {requeued[1]} of {steps}" in "".join(
+        p.read_text() for p in (tmp_path / "outputs/toy_dsm/.submitit").glob("*/*_0_log.out")
+    )
+    assert (runs[0] / "checkpoints" / str(steps)).is_dir()
+    lines = err.splitlines()
+    assert len(lines) == 2, err[-3000:]
+    stopped = re.fullmatch(
+        r"stopped: trainer\.seed=1: saved step (\d+) on SIGUSR1; rerun the same command to "
+        r"resume \(log: outputs/toy_dsm/\.submitit/\d+/\d+_0_log\.err\)",
+        lines[0],
+    )
+    assert stopped, lines
+    assert sorted(p.name for p in (runs[1] / "checkpoints").iterdir()) == [stopped[1]]
+    assert lines[1] == (
+        "error: 1 of 2 jobs did not finish (1 stopped); the same command resumes the stopped jobs"
+    )
 
 
 def test_the_cifar10_fdistill_recipe_asks_the_launcher_for_a_node_of_gpus():
