@@ -288,15 +288,15 @@ def hydra_app(config_name: str, check=None):
     one line and exits 130; a training run stopped by a signal after saving prints the
     saved step. ``SCORELIB_TRACEBACK=1`` (or ``HYDRA_FULL_ERROR=1``) shows tracebacks.
 
-    ``check(cfg)``, when given, runs the checks ``task`` runs before any compute (building
-    the run without training it; ``HydraConfig`` holds the job's config, as in the task).
-    A ``-m`` sweep runs it on every job's config before any job starts and refuses the
-    sweep if one fails (:mod:`experiments.sweeps`); it raises as the task does
-    (``ValueError``, ``FileNotFoundError``, naming the field).
+    ``check(cfg)``, when given, runs the checks ``task`` runs before it computes or writes
+    anything (``HydraConfig`` holds the job's config, as in the task) and raises as the
+    task does (``ValueError``, ``FileNotFoundError``, naming the field): a ``-m`` sweep
+    runs it on every job's config before any job starts, and refuses the sweep if one
+    fails (``hydra/sweeper=checked``, ``hydra_plugins/scorelib_sweeps.py``).
     """
 
     def deco(task):
-        task.check_config = check  # read by experiments.sweeps.CheckedSweeper
+        task.check_config = check  # read by the sweeper (hydra_plugins/scorelib_sweeps.py)
         hydra_main = hydra.main(
             config_path=str(CONFIG_DIR), config_name=config_name, version_base="1.3"
         )(task)
@@ -453,30 +453,19 @@ def error_line(e: BaseException) -> str:
 class CommandError(SystemExit):
     """A command that failed on its input, after printing ``error: <line>`` on stderr
     (:func:`clean_errors`). A ``SystemExit``: uncaught, the process exits with ``code``
-    (2: the config or a usage error; 1: damaged files) and no traceback; a sweep's launcher
-    (:mod:`experiments.sweeps`) catches it and reports ``line`` for the job.
+    (2: the config or a usage error; 1: damaged files) and no traceback; a sweep's job
+    (``hydra_plugins/scorelib_sweeps.py``) reports ``line``.
 
     Attributes:
       line: the error line, without ``error:``.
-      log: the job's log file (``<output dir>/<job name>.log``) when the command kept it.
     """
 
-    def __init__(self, line: str, code: int = USAGE_ERROR, log: Path | None = None):
+    def __init__(self, line: str, code: int = USAGE_ERROR):
         super().__init__(code)
         self.line = line
-        self.log = log
 
     def __str__(self) -> str:
         return self.line
-
-
-def _job_log() -> Path | None:
-    """This Hydra job's log file, ``<output dir>/<job name>.log``, if it exists."""
-    if not HydraConfig.initialized():
-        return None
-    hc = HydraConfig.get()
-    path = Path(hc.runtime.output_dir) / f"{hc.job.name}.log"
-    return path if path.is_file() else None
 
 
 def clean_errors(fn):
@@ -500,12 +489,12 @@ def clean_errors(fn):
             where = _output_top(cfg)
             if where is not None:
                 discard_unused_output_dir(*where, _command_started(), _existed())
-            raise CommandError(line, log=_job_log()) from None
+            raise CommandError(line) from None
         except training.CheckpointError as e:  # damaged files, not a config error: status 1
             if os.environ.get("SCORELIB_TRACEBACK"):
                 raise
             line = error_line(e)
             print(f"error: {line}", file=sys.stderr)
-            raise CommandError(line, 1, log=_job_log()) from None
+            raise CommandError(line, 1) from None
 
     return wrapper

@@ -23,16 +23,14 @@ The run's lifecycle is :func:`experiments.runs.train_and_sample` with
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from experiments.common import clean_errors, hydra_app
-from experiments.runs import DistillRun, train_and_sample
+from experiments.runs import DistillRun, check_run, train_and_sample
 from experiments.schema import register_configs
-from experiments.sweeps import check_trained_run
 
 register_configs()
 
@@ -42,8 +40,11 @@ def run_distillation(cfg: DictConfig) -> Path:
     return train_and_sample(DistillRun, cfg, Path(HydraConfig.get().runtime.output_dir))
 
 
-check = functools.partial(check_trained_run, DistillRun)
-main = hydra_app("distill", check=check)(run_distillation)
+def check_distillation(cfg: DictConfig) -> None:  # a sweep's check of each job before any starts
+    check_run(DistillRun, cfg, Path(HydraConfig.get().runtime.output_dir))
+
+
+main = hydra_app("distill", check=check_distillation)(run_distillation)
 
 
 if __name__ == "__main__":

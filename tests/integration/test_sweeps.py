@@ -1,16 +1,16 @@
 """Sweeps (``-m``) through the real command line with Hydra's basic launcher (the jobs in
-the command's process): every job is checked before any starts, and the sweep ends with one
-line per job (``experiments/sweeps.py``). The submitit launchers: tests/slurm."""
+the command's process): every job is checked before any starts; and the line the sweep
+prints for a failed submitit job (``hydra_plugins/scorelib_sweeps.py``). Sweeps through the
+submitit launchers: tests/slurm."""
 
 from __future__ import annotations
 
-import re
-import signal
+import traceback
 
-import pytest
 from entry_helpers import run
+from submitit.core.utils import FailedJobError, JobPaths, UncompletedJobError, cloudpickle_dump
 
-from experiments.sweeps import Outcome, job_labels, report, status_lines
+from hydra_plugins.scorelib_sweeps import JobFailed, failure_line, job_labels
 
 # A tiny toy run: every job trains a few steps and draws 8 samples.
 TINY = [
@@ -65,25 +65,30 @@ def test_a_distillation_sweep_is_checked_by_building_each_run(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
-@pytest.mark.slow
-def test_a_job_that_fails_at_run_time_is_reported_and_the_sweep_goes_on(tmp_path):
-    """The first job's loss is not finite at its first step (learning rate 1e30): the
-    second still runs, and the sweep ends with one line per job and exit status 1.
-    (Two tiny trainings in one process: about 30 s on 2 cores.)"""
-    r = run("train", "-m", *TINY, "optim.lr=1e30,0.001", cwd=tmp_path, check=False)
-    assert r.code == 1, r.stderr[-3000:]
-    done = [line for line in r.stdout.splitlines() if line.startswith("done:")]
-    run_dir = "outputs/toy_dsm/model.width-8+optim.lr-{}+trainer.batch_size-16"
-    assert done == [f"done: optim.lr=0.001 -> {run_dir.format('0.001')}"]
-    failed = run_dir.format("1e+30")
-    assert re.fullmatch(
-        r"failed: optim\.lr=1e\+30: non-finite loss at step \d+ "
-        rf"\(log: {re.escape(failed)}/train\.log\)",
-        r.err_lines[-2],
-    ), r.stderr[-3000:]
-    assert r.err_lines[-1] == "error: 1 of 2 jobs did not finish (1 failed)"
-    assert "Traceback" not in r.stderr
-    assert (tmp_path / run_dir.format("0.001") / "samples/step3").is_dir()
+def test_a_sampling_sweep_is_checked_before_any_job_draws(toy_run, tmp_path):
+    """``experiments.sample`` builds each job's run with its sampler and finds its
+    checkpoint before any job draws: nothing is written under the run's ``samples/``."""
+    before = sorted(p.relative_to(toy_run) for p in (toy_run / "samples").rglob("*"))
+    args = [f"run_dir={toy_run}", "sampler.num_samples=8", "step=1500,7", "sampler.steps=2,0"]
+    r = run("sample", "-m", *args, cwd=tmp_path, check=False)
+    assert r.code == 2, r.stderr[-3000:]
+    assert len(r.err_lines) == 4, r.stderr[-3000:]
+    assert r.err_lines[0].startswith("invalid: step=1500 sampler.steps=0: sampler.steps ")
+    assert r.err_lines[1].startswith("invalid: step=7 sampler.steps=2: step=7: no such checkpoint")
+    assert r.err_lines[2].startswith("invalid: step=7 sampler.steps=0: ")
+    refused = "error: the sweep is refused: 3 of 4 jobs are invalid; no job was started"
+    assert r.err_lines[3] == refused
+    assert sorted(p.relative_to(toy_run) for p in (toy_run / "samples").rglob("*")) == before
+
+
+def test_a_table_sweep_is_checked_before_any_table_runs(tmp_path):
+    r = run("reproduce", "-m", "table=rdmc", "table.name=rdmc,nosuch", cwd=tmp_path, check=False)
+    assert r.code == 2, r.stderr[-3000:]
+    assert r.err_lines == [
+        "invalid: table.name=nosuch: table.name: no table module 'experiments.tables.nosuch'",
+        "error: the sweep is refused: 1 of 2 jobs are invalid; no job was started",
+    ]
+    assert not (tmp_path / "outputs").exists()
 
 
 # --------------------------------------------------------------------------- the report
@@ -95,35 +100,33 @@ def test_each_job_is_named_by_the_overrides_that_tell_it_from_the_others():
     assert job_labels([["experiment=toy_dsm", "hydra.verbose=true"]]) == ["experiment=toy_dsm"]
 
 
-def test_the_status_lines_of_a_log_are_found_between_progress_bars(tmp_path):
-    log = tmp_path / "job.err"
-    log.write_text(
-        "toy:  1%| 10/20000\rtoy:  2%| 20/20000 [...][WARNING] - SIGUSR2 received\n"
-        "saved step 21 on SIGUSR2; submitit requeued the job\n"
-        "toy:  0%| 0/20000\rtoy: 100%| 20000/20000\n"
-        "an error: not at the start of a line\nerror: non-finite loss at step 3\n"
-    )
-    assert status_lines(log) == [
-        "saved step 21 on SIGUSR2; submitit requeued the job",
-        "error: non-finite loss at step 3",
-    ]
-    assert status_lines(tmp_path / "missing.err") == []
+class _Job:
+    """A finished submitit job as the sweep sees it (``exception``, ``paths``, ``state``)."""
+
+    def __init__(self, folder, err, state="FAILED"):
+        self.paths = JobPaths(folder, job_id="7_1", task_id=0)
+        self.err, self.state = err, state
+
+    def exception(self):
+        return self.err
 
 
-def test_the_exit_status_says_whether_a_job_failed_or_was_stopped(capsys):
-    jobs = [["a=1"], ["a=2"]]
-    done = Outcome("done", "outputs/a-1", ret="ret")
-    failed = Outcome("failed", "boom", log=None)
-    usr1 = 128 + signal.SIGUSR1
-    stopped = Outcome("stopped", "saved step 5 on SIGUSR1; rerun", code=usr1)
-    assert report([done, done], jobs) == ["ret", "ret"]
-    for outcomes, code in [([done, failed], 1), ([stopped, failed], 1), ([done, stopped], usr1)]:
-        with pytest.raises(SystemExit) as e:
-            report(outcomes, jobs)
-        assert e.value.code == code
-    out, err = capsys.readouterr()
-    assert out.splitlines()[:2] == ["done: a=1 -> outputs/a-1", "done: a=2 -> outputs/a-1"]
-    assert err.splitlines()[-2:] == [
-        "stopped: a=2: saved step 5 on SIGUSR1; rerun",
-        "error: 1 of 2 jobs did not finish (1 stopped); the same command resumes the stopped jobs",
-    ]
+def test_a_failed_jobs_line_is_the_reason_submitit_kept(tmp_path):
+    """The last line of the traceback submitit pickles for a job that raised: the reason
+    alone for the JobFailed a job raises on its one-line error, ``<type>: <message>`` for
+    an error nothing anticipated; the job's state when it left no result (killed)."""
+    job = _Job(tmp_path, FailedJobError("..."))
+    job.paths.folder.mkdir(parents=True, exist_ok=True)
+
+    def raised(err):
+        try:
+            raise err
+        except Exception:
+            cloudpickle_dump(("error", traceback.format_exc()), job.paths.result_pickle)
+        return failure_line(job)
+
+    assert raised(JobFailed("non-finite loss at step 3")) == "non-finite loss at step 3"
+    assert raised(KeyError("x")) == "KeyError: 'x'"
+    gone = _Job(tmp_path, UncompletedJobError("... has not produced any output"), "OUT_OF_MEMORY")
+    assert failure_line(gone) == "the job ended without a result (state: OUT_OF_MEMORY)"
+    assert failure_line(_Job(tmp_path, None)) is None
