@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from scorelib.samplers import SAMPLERS, get_sampler
+from scorelib.scores import ReverseDiffusionScore
 
 SCHEMA_GROUP = "_schemas"
 
@@ -59,6 +61,17 @@ class VPProcessConfig:
 @dataclass
 class SubVPProcessConfig(VPProcessConfig):
     _target_: str = "scorelib.processes.SubVP"
+
+
+@dataclass
+class OUProcessConfig:
+    """``process=ou``: the Ornstein-Uhlenbeck process ``dx = -x dt + sqrt(2) dB`` up to OU time
+    ``horizon`` (``scorelib.processes.ornstein_uhlenbeck``: VP with the constant ``beta = 2
+    horizon``), the process of reverse diffusion Monte Carlo."""
+
+    _target_: str = "scorelib.processes.ornstein_uhlenbeck"
+    horizon: float = 1.0  # OU time T at t = 1 (> 0)
+    eps: float = 1e-3  # t_min (OU time T eps)
 
 
 # --- model ---------------------------------------------------------------------
@@ -299,7 +312,7 @@ def run_sampler_schema() -> type:
 @dataclass
 class CFDMScoreConfig:
     """``score=cfdm``: the smoothed closed-form score of the training set (no network;
-    ``experiments/closed_form.py`` builds it). ``n_train`` is for stream data (toys) only;
+    ``experiments/runs/training_free.py`` builds it). ``n_train`` is for stream data (toys) only;
     the faiss options only with ``backend=faiss`` (``scorelib.scores.neighbours``)."""
 
     name: str = "cfdm"
@@ -317,6 +330,27 @@ class CFDMScoreConfig:
     ef_search: int | None = None
     chunk: int = 4096  # training points per streamed block
     n_train: int | None = None  # data=toy: training points drawn (null: 1000)
+
+
+#: ``ReverseDiffusionScore.create`` arguments that are not ``score.<field>`` options: the
+#: target is ``data=target``'s, the process ``process=``'s.
+_RDMC_NOT_OPTIONS = ("target", "process")
+
+
+@functools.cache
+def rdmc_score_schema() -> type:
+    """``score=rdmc``: reverse diffusion Monte Carlo's score of ``data=target``'s log-density
+    (``scorelib.scores.ReverseDiffusionScore``), generated from the keyword options of
+    ``ReverseDiffusionScore.create`` and their defaults (one home for every default; the
+    presets set the paper-like ones). Ranges, and an option that does not apply
+    (``n_proposals`` with ``init=scaled``), are checked by ``create``."""
+    create = ReverseDiffusionScore.create
+    hints = typing.get_type_hints(create)
+    fields = [("name", str, dataclasses.field(default="rdmc"))]
+    for p in inspect.signature(create).parameters.values():
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _RDMC_NOT_OPTIONS:
+            fields.append((p.name, hints[p.name], dataclasses.field(default=p.default)))
+    return dataclasses.make_dataclass("RDMCScoreConfig", fields)
 
 
 @dataclass
@@ -477,10 +511,12 @@ class SampleConfig:
     step: int | None = None  # checkpoint step to sample from; None: the latest
     use_ema: bool = True
     sampler: Any = MISSING
-    # training-free sampling (experiment=cfdm_*): a closed-form score of `data`, no run
+    # training-free sampling (experiment=cfdm_* | rdmc_*): a score of `data` that needs no
+    # training (score=cfdm | rdmc), no run; `process` for score=rdmc (process=ou)
     name: str | None = None
     score: Any = None
     data: Any = None
+    process: Any = None
 
 
 @dataclass
@@ -504,6 +540,7 @@ def group_schemas() -> dict[tuple[str, str], type]:
         ("process", "ve"): VEProcessConfig,
         ("process", "vp"): VPProcessConfig,
         ("process", "subvp"): SubVPProcessConfig,
+        ("process", "ou"): OUProcessConfig,
         ("model", "mlp"): MLPConfig,
         ("model", "unet"): UNetConfig,
         ("model", "local_mlp"): LocalMLPConfig,
@@ -525,6 +562,7 @@ def group_schemas() -> dict[tuple[str, str], type]:
         out[("sampler", name)] = sampler_schema(name)
     out[("sampler", "cfdm")] = CFDMSamplerConfig
     out[("score", "cfdm")] = CFDMScoreConfig
+    out[("score", "rdmc")] = rdmc_score_schema()
     return out
 
 
