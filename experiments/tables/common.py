@@ -30,9 +30,12 @@ from typing import Any
 
 import jax
 import numpy as np
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.common import git_revision, package_versions
+from experiments.common import CONFIG_DIR, git_revision, package_versions
+from experiments.schema import register_configs
 from scorelib._io import atomic_write_text
 
 Cell = Any
@@ -79,6 +82,27 @@ def scaled(cfg: DictConfig) -> DictConfig:
     if scale not in ("full", "smoke"):
         raise ValueError(f"table.scale must be 'full' or 'smoke'; got {scale!r}")
     return OmegaConf.merge(tc, tc.get("smoke") or {}) if scale == "smoke" else tc
+
+
+def compose_config(config_name: str, overrides: Sequence[str]) -> DictConfig:
+    """The config of an entry point (``configs/<config_name>.yaml``: ``train``, ``distill``)
+    composed with ``overrides``, as its command line would (the schemas registered first;
+    inside the ``reproduce`` app, in its Hydra context)."""
+    register_configs()
+    if GlobalHydra.instance().is_initialized():
+        return compose(config_name=config_name, overrides=list(overrides))
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides))
+
+
+def run_revision(run_dir: Path) -> str:
+    """The git revision a run's first launch recorded (``run_info.json``), short, with
+    ``(dirty)`` for uncommitted changes; ``unknown`` without one."""
+    info = Path(run_dir) / "run_info.json"
+    git = {}
+    if info.is_file():
+        git = (json.loads(info.read_text()).get("launches") or [{}])[0].get("git") or {}
+    return git.get("commit", "unknown")[:7] + (" (dirty)" if git.get("dirty") else "")
 
 
 def pm(mean: float, std: float, sig: int = 3) -> str:

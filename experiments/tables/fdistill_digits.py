@@ -18,7 +18,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import hydra
 import jax
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
@@ -27,7 +26,7 @@ from experiments.build import Sampling
 from experiments.runs import DistillRun, ScoreRun, load_run, train_run
 from experiments.runs.evaluation import evaluate_images
 from experiments.runs.layout import pyplot, save_figure
-from experiments.tables.common import pm, scaled
+from experiments.tables.common import compose_config, pm, run_revision, scaled
 from scorelib import distill
 from scorelib._checks import check_real
 from scorelib._io import atomic_write_text
@@ -87,7 +86,7 @@ def teacher_run(tc, run_dir: Path, log) -> Path:
 
     out = run_dir / "teacher"
     log(f"[teacher] training {out}")
-    cfg = hydra.compose("train", overrides=list(tc.teacher_overrides))
+    cfg = compose_config("train", tc.teacher_overrides)
     train_run(ScoreRun, cfg, out, progress=False, handle_signals=False, tensorboard=False)
     return out
 
@@ -155,7 +154,7 @@ def student_config(tc, divergence: str, teacher_dir: Path) -> DictConfig:
         f"distill.divergence={divergence}",
         *tc.overrides,
     ]
-    return hydra.compose("distill", overrides=overrides)
+    return compose_config("distill", overrides)
 
 
 def student(tc, divergence: str, teacher_dir: Path, run_dir: Path, log):
@@ -199,11 +198,7 @@ def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
 def teacher_note(tc, teacher_dir: Path, run_dir: Path) -> str:
     """Where the teacher came from, as the command or relative to the run (no absolute
     paths), with the revision its run recorded."""
-    info = Path(teacher_dir) / "run_info.json"
-    git = {}
-    if info.is_file():
-        git = (json.loads(info.read_text()).get("launches") or [{}])[0].get("git") or {}
-    rev = git.get("commit", "unknown")[:7] + (" (dirty)" if git.get("dirty") else "")
+    rev = run_revision(teacher_dir)
     if tc.teacher is not None:
         return f"Teacher: `table.teacher={tc.teacher}` (an experiments.train run at revision {rev})"
     return (
