@@ -37,11 +37,20 @@ test-fast: $(STAMP)
 test-slurm: $(STAMP)
 	$(BIN)/python -m pytest -q tests/slurm tests/parallel
 
-# A single-node Slurm with accounting on this machine (root), in $(SLURM_DIR):
-#   make slurm-up; export SLURM_CONF=$(SLURM_DIR)/slurm.conf; ...; make slurm-down
+# A single-node Slurm with accounting on this machine (root; slurm/local/up.sh):
+#   make slurm-up; export SLURM_CONF=$(SLURM_DIR)/slurm.conf; sbatch ...; make slurm-down
+# SLURM_DIR (default /tmp/scorelib-slurm) holds its slurm.conf, state, logs (log/) and pid
+# files (run/); the accounting database sits in /tmp/scorelib-slurm-mysql.* (linked as
+# $(SLURM_DIR)/mysql); make slurm-down stops the daemons and removes both. It listens on
+# SLURM_LOCAL_PORT (default 16817: slurmctld) and the next three ports (slurmd, slurmdbd,
+# mariadbd). A second one on the same machine needs its own directory and ports,
+#   make slurm-up SLURM_LOCAL_PORT=16917 SLURM_DIR=/tmp/scorelib-slurm-16917
+# (and SLURM_DIR=... on its make slurm-down); up.sh refuses, in one line naming a free
+# port, a second one in the same directory or on a port in use.
 SLURM_DIR ?= /tmp/scorelib-slurm
+SLURM_LOCAL_PORT ?= 16817
 slurm-up:
-	slurm/local/up.sh $(SLURM_DIR)
+	SLURM_LOCAL_PORT=$(SLURM_LOCAL_PORT) slurm/local/up.sh $(SLURM_DIR)
 
 slurm-down:
 	slurm/local/down.sh $(SLURM_DIR)

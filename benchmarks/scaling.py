@@ -50,55 +50,26 @@ def child(args) -> None:
     import jax
     import numpy as np
     from flax import nnx
+    from train_timing import best_block_seconds, edm_train_step
 
+    from scorelib.data import get_batch
     from scorelib.nets.mlp import MLP
-    from scorelib.objectives import EDMLoss
     from scorelib.processes import EDM
     from scorelib.samplers import edm_grid, get_sampler
-    from scorelib.training import (
-        EMA,
-        init_state,
-        make_optimizer,
-        make_train_step,
-        network_source,
-    )
+    from scorelib.training import init_state, make_optimizer, network_source
 
     mesh = parallel.make_mesh()
     opt = make_optimizer(lr=1e-3)
     model = MLP((D,), width=WIDTH, depth=DEPTH, rngs=nnx.Rngs(0))
     graphdef, state = init_state(model, opt, seed=0)
     state = parallel.shard(state, mesh)
-    proc = EDM()
     data = parallel.shard(np.random.default_rng(0).uniform(-1, 1, (1797, D)).astype("f4"), mesh)
+    batch_fn = lambda i: get_batch(data, BATCH, seed=0, step=i)
+    step = edm_train_step(graphdef, opt, batch_fn, BATCH, 0.999, mesh)
+    state, seconds = best_block_seconds(step, state, args.steps, args.repeats)
+    train_s = seconds / args.steps
 
-    from scorelib.data import get_batch
-
-    step = make_train_step(
-        EDMLoss(process=proc),
-        network_source(proc, graphdef, 0.5),
-        opt,
-        EMA(batch_size=BATCH, decay=0.999),
-        lambda i: get_batch(data, BATCH, seed=0, step=i),
-        batch_sharding=parallel.batch_sharding(mesh),
-    )
-
-    def block(state, n):
-        for k in range(n):
-            state, m = step(state)
-            if (k + 1) % 10 == 0:
-                jax.block_until_ready(m["loss"])
-        jax.block_until_ready(m["loss"])
-        return state
-
-    state = block(state, 10)  # compile + warm-up
-    times = []
-    for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        state = block(state, args.steps)
-        times.append(time.perf_counter() - t0)
-    train_s = min(times) / args.steps
-
-    source = network_source(proc, graphdef, 0.5)(state.ema_params, None)
+    source = network_source(EDM(), graphdef, 0.5)(state.ema_params, None)
     heun = get_sampler("heun")
     grid = edm_grid(HEUN_STEPS)
     x_T = jax.random.normal(jax.random.key(1), (NUM_SAMPLES, D)) * 80.0
@@ -130,21 +101,11 @@ def signal_child(args) -> None:
     import logging
 
     from flax import nnx
+    from train_timing import edm_train_step
 
     from scorelib.data import toy_batch
     from scorelib.nets.mlp import MLP
-    from scorelib.objectives import EDMLoss
-    from scorelib.processes import EDM
-    from scorelib.training import (
-        EMA,
-        Checkpointer,
-        Interrupted,
-        init_state,
-        make_optimizer,
-        make_train_step,
-        network_source,
-        train,
-    )
+    from scorelib.training import Checkpointer, Interrupted, init_state, make_optimizer, train
 
     class Ready(logging.Handler):
         def emit(self, record):
@@ -156,13 +117,8 @@ def signal_child(args) -> None:
     logging.getLogger("scorelib.training").setLevel(logging.INFO)
     opt = make_optimizer(lr=1e-3)
     graphdef, state = init_state(MLP((2,), width=WIDTH, depth=DEPTH, rngs=nnx.Rngs(0)), opt, 0)
-    proc = EDM()
-    step = make_train_step(
-        EDMLoss(process=proc),
-        network_source(proc, graphdef, 0.5),
-        opt,
-        EMA(batch_size=BATCH, decay=0.999),
-        lambda i: toy_batch("checkerboard", BATCH, seed=0, step=i),
+    step = edm_train_step(
+        graphdef, opt, lambda i: toy_batch("checkerboard", BATCH, seed=0, step=i), BATCH, 0.999
     )
     ckpt = Checkpointer(args.ckpt, save_every=10**9)
     try:

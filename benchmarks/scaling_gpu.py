@@ -22,18 +22,16 @@ import argparse
 import os
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
 from flax import nnx
+from train_timing import best_block_seconds, edm_train_step
 
 from scorelib import parallel
 from scorelib.data import get_batch
 from scorelib.nets import MLP, UNet
-from scorelib.objectives import EDMLoss
-from scorelib.processes import EDM
-from scorelib.training import EMA, init_state, make_optimizer, make_train_step, network_source
+from scorelib.training import init_state, make_optimizer
 
 CONFIGS = {
     "digits MLP 512x4, batch 256": (
@@ -59,30 +57,9 @@ def bench_train(name, shape, batch, make, steps, repeats) -> str:
     state = parallel.shard(state, mesh)
     data = np.random.default_rng(0).uniform(-1, 1, (50_000, *shape)).astype(np.float32)
     data = parallel.shard(data, mesh)
-    proc = EDM()
-    step = make_train_step(
-        EDMLoss(process=proc),
-        network_source(proc, graphdef, 0.5),
-        opt,
-        EMA(batch_size=batch, decay=0.9999),
-        lambda i: get_batch(data, batch, seed=0, step=i),
-        batch_sharding=parallel.batch_sharding(mesh),
-    )
-
-    def block(state, n):
-        for k in range(n):
-            state, m = step(state)
-            if (k + 1) % 10 == 0:
-                jax.block_until_ready(m["loss"])
-        jax.block_until_ready(m["loss"])
-        return state
-
-    state = block(state, 10)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        state = block(state, steps)
-        best = min(best, time.perf_counter() - t0)
+    batch_fn = lambda i: get_batch(data, batch, seed=0, step=i)
+    step = edm_train_step(graphdef, opt, batch_fn, batch, 0.9999, mesh)
+    _, best = best_block_seconds(step, state, steps, repeats)
     stats = jax.local_devices()[0].memory_stats() or {}
     peak = stats.get("peak_bytes_in_use", float("nan")) / 2**30
     return (

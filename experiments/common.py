@@ -301,6 +301,7 @@ def hydra_app(config_name: str):
             saved = os.environ.get("HYDRA_FULL_ERROR")
             os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises; we report
             started = _COMMAND_STARTED.set(time.time())
+            stderr = training.filter_closed_loop_tracebacks()  # orbax's noise on damaged files
             try:
                 hydra_main()
             except (HydraException, OmegaConfBaseException) as e:
@@ -317,6 +318,7 @@ def hydra_app(config_name: str):
                 print("interrupted; rerun the same command to resume", file=sys.stderr)
                 sys.exit(INTERRUPTED)
             finally:
+                stderr.close_filter()
                 _COMMAND_STARTED.reset(started)
                 if saved is None:
                     os.environ.pop("HYDRA_FULL_ERROR", None)
@@ -356,7 +358,10 @@ class RecordOutputDirs(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         HydraConfig.instance().set_config(config)  # as run_job does next: hydra.run.dir resolves
-        out = Path(str(OmegaConf.select(config, "hydra.run.dir"))).resolve()
+        try:
+            out = Path(str(OmegaConf.select(config, "hydra.run.dir"))).resolve()
+        except OmegaConfBaseException:  # e.g. run_dir missing: the task reports it in one line
+            return
         _EXISTED.set(frozenset(p for p in (out, *out.parents) if p.exists()))
 
 

@@ -24,8 +24,13 @@ from omegaconf import DictConfig
 from experiments import build
 from experiments.common import clean_errors, hydra_app
 from experiments.runs import configure_jax, read_config, run_kind
-from experiments.runs.base import override_keys
-from experiments.runs.evaluation import describe_samples, evaluate_and_write, load_samples
+from experiments.runs.base import override_keys, selects_samples
+from experiments.runs.evaluation import (
+    describe_samples,
+    evaluate_and_write,
+    load_samples,
+    sample_meta,
+)
 from experiments.schema import register_configs
 
 register_configs()
@@ -41,8 +46,7 @@ def samples_path(cfg: DictConfig, kind, overrides: list[str]) -> Path:
     """
     if not cfg.samples:
         return kind.find_samples(cfg, overrides)
-    keys = override_keys(overrides)
-    selectors = [k for k in keys if k in ("sampler", "step", "use_ema") or k[:8] == "sampler."]
+    selectors = [k for k in override_keys(overrides) if selects_samples(k)]
     if selectors:
         raise ValueError(
             f"samples= names the file to evaluate; {selectors[0]}= selects samples by how "
@@ -64,16 +68,15 @@ def run_evaluation(cfg: DictConfig) -> dict:
     print(f"evaluating {describe_samples(path)}", flush=True)
     data_cfg = kind.data_config(read_config(cfg.run_dir))
     data = build.build_data(data_cfg)
-    prior = None
+    prior, source, rows, meta = None, None, None, sample_meta(path)
     if data.images is None:
         process = build.build_process(data_cfg)
         prior = np.asarray(process.prior_sample(jax.random.key(cfg.seed), samples.shape))
-    source = (
-        None
-        if data.images is None
-        else kind.evaluation_source(Path(cfg.run_dir), cfg.step, cfg.use_ema)
-    )
-    result = evaluate_and_write(
+    else:  # the model's bits/dim, and other samplers beside these samples (a teacher)
+        source = kind.evaluation_source(Path(cfg.run_dir), cfg.step, cfg.use_ema)
+        seed = int(meta.get("sampler", {}).get("seed", 0))
+        rows = kind.comparison_rows(read_config(cfg.run_dir), num_samples=len(samples), seed=seed)
+    return evaluate_and_write(
         samples,
         data,
         path.parent,
@@ -83,8 +86,9 @@ def run_evaluation(cfg: DictConfig) -> dict:
         prior=prior,
         title=f"{data_cfg.name}: {path}",
         extra={"samples": str(path)},
+        rows=rows,
+        nfe=meta.get("nfe"),
     )
-    return result
 
 
 main = hydra_app("evaluate")(run_evaluation)

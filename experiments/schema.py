@@ -8,234 +8,169 @@ from. Value ranges are checked when the library objects are built, at start-up a
 before anything is compiled; their errors name the config field
 (``sampler.steps must be >= 1; got 0``).
 
-Samplers: each registered sampler has its own schema, generated from its keyword
-options and their defaults in ``scorelib.samplers`` (one home for every default), so
-``sampler=dpmpp_2m sampler.S_churn=40`` is refused by Hydra itself. Grid options are
-``null`` unless given, and refused for a grid that does not use them
-(``experiments.build.build_sampler``).
+Defaults have one home, the library, and the schemas are read from it:
+
+* a process, model or objective schema (:func:`target_schema`) has one field per argument
+  of its ``_target_`` class with the class's default (the arguments the builder passes,
+  ``BUILT_ARGUMENTS``, excluded); ``optim`` is ``scorelib.training.make_optimizer``'s
+  arguments, ``sampler=cfdm`` has ``scorelib.samplers.cfdm_sample``'s options;
+* each registered sampler has its own schema, its options and their defaults those of
+  ``scorelib.samplers`` and its grid the sampler's ``default_grid``, so
+  ``sampler=dpmpp_2m sampler.S_churn=40`` is refused by Hydra itself;
+* the grid options are the keyword parameters of the grid functions
+  (``scorelib.samplers.GRID_FUNCTIONS``): ``null`` unless given, and refused for a grid
+  that does not use them (``experiments.build.build_sampler``);
+* the overrides that do not name a run (Hydra's ``exclude_keys``, :func:`not_identity_keys`)
+  are generated from these schemas.
+
+The values a YAML option sets (``configs/model/mlp.yaml``: ``width: 512``) are the option's
+own; a field it does not set holds the library default.
 """
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import functools
 import inspect
+import types
 import typing
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from hydra.utils import get_object
 from omegaconf import MISSING
 
 from scorelib.samplers import SAMPLERS, get_sampler
+from scorelib.samplers.cfdm import cfdm_sample
+from scorelib.samplers.grids import GRID_FUNCTIONS, GRIDS
 from scorelib.scores import ReverseDiffusionScore
+from scorelib.training import make_optimizer
 
 SCHEMA_GROUP = "_schemas"
 
-# --- process -----------------------------------------------------------------
+# --- schemas read from the library's signatures ------------------------------------
+
+#: Constructor arguments that ``experiments.build`` passes itself: never config fields.
+BUILT_ARGUMENTS = ("self", "data_shape", "rngs", "process", "train", "sigma_n", "objective")
 
 
-@dataclass
-class EDMProcessConfig:
-    _target_: str = "scorelib.processes.EDM"
-    sigma_min: float = 0.002
-    sigma_max: float = 80.0
+def config_type(hint: Any, default: Any = MISSING) -> Any:
+    """The OmegaConf field type of a parameter annotated ``hint`` (``None``: not annotated;
+    then read from ``default``). Tuples and sequences become ``list[<element>]``; ``X | None``
+    stays optional; a union of several types is ``Any`` (OmegaConf types a field one way)."""
+    if hint is None:
+        if isinstance(default, (tuple, list)):
+            kinds = {type(v) for v in default}
+            return list[kinds.pop()] if len(kinds) == 1 else list[Any]
+        return Any if default is None or default is MISSING else type(default)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        typ = config_type(inner[0]) if len(inner) == 1 else Any
+        return typ | None if typ is not Any and len(inner) < len(args) else typ
+    if hint in (tuple, list) or origin in (tuple, list, collections.abc.Sequence):
+        kinds = {a for a in args if a is not Ellipsis}
+        return list[config_type(kinds.pop())] if len(kinds) == 1 else list[Any]
+    return hint
 
 
-@dataclass
-class VEProcessConfig:
-    _target_: str = "scorelib.processes.VE"
-    sigma_min: float = 0.01
-    sigma_max: float = 50.0
-    eps: float = 1e-5
+def _field(default: Any) -> dataclasses.Field:
+    if isinstance(default, (tuple, list)):
+        return dataclasses.field(default_factory=functools.partial(list, default))
+    return dataclasses.field(default=default)
 
 
-@dataclass
-class VPProcessConfig:
-    _target_: str = "scorelib.processes.VP"
-    beta_min: float = 0.1
-    beta_max: float = 20.0
-    eps: float = 1e-3
+def signature_fields(fn: Callable, skip: tuple[str, ...] = BUILT_ARGUMENTS) -> list[tuple]:
+    """``(name, type, field)`` of each named parameter of ``fn`` (of a class: its
+    ``__init__``) but ``skip``, in order: its default (``MISSING`` where there is none) and
+    its annotation as :func:`config_type` converts it."""
+    init = fn.__init__ if inspect.isclass(fn) else fn
+    hints = typing.get_type_hints(init)
+    out = []
+    for p in inspect.signature(init).parameters.values():
+        if p.name in skip or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        default = MISSING if p.default is p.empty else p.default
+        out.append((p.name, config_type(hints.get(p.name), default), _field(default)))
+    return out
 
 
-@dataclass
-class SubVPProcessConfig(VPProcessConfig):
-    _target_: str = "scorelib.processes.SubVP"
+def make_schema(name: str, fields: list[tuple], doc: str | None = None, bases=()) -> type:
+    """A dataclass schema of ``(name, type, field or default)`` fields, picklable by
+    reference when it is bound to ``name`` in this module."""
+    fields = [(k, t, f if isinstance(f, dataclasses.Field) else _field(f)) for k, t, f in fields]
+    cls = dataclasses.make_dataclass(name, fields, bases=bases)
+    cls.__module__, cls.__doc__ = __name__, doc or cls.__doc__
+    return cls
 
 
-@dataclass
-class OUProcessConfig:
-    """``process=ou``: the Ornstein-Uhlenbeck process ``dx = -x dt + sqrt(2) dB`` up to OU time
-    ``horizon`` (``scorelib.processes.ornstein_uhlenbeck``: VP with the constant ``beta = 2
-    horizon``), the process of reverse diffusion Monte Carlo."""
-
-    _target_: str = "scorelib.processes.ornstein_uhlenbeck"
-    horizon: float = 1.0  # OU time T at t = 1 (> 0)
-    eps: float = 1e-3  # t_min (OU time T eps)
+def target_schema(name: str, target: str) -> type:
+    """The schema of the ``_target_`` option that builds ``target``: ``_target_`` and one
+    field per constructor argument (:func:`signature_fields`), its default the library's."""
+    fields = [("_target_", str, target), *signature_fields(get_object(target))]
+    return make_schema(name, fields, f"``{target}``: its arguments and their defaults.")
 
 
-# --- model ---------------------------------------------------------------------
+EDMProcessConfig = target_schema("EDMProcessConfig", "scorelib.processes.EDM")
+VEProcessConfig = target_schema("VEProcessConfig", "scorelib.processes.VE")
+VPProcessConfig = target_schema("VPProcessConfig", "scorelib.processes.VP")
+SubVPProcessConfig = target_schema("SubVPProcessConfig", "scorelib.processes.SubVP")
+# process=ou: reverse diffusion Monte Carlo's process (VP with the constant beta = 2 horizon)
+OUProcessConfig = target_schema("OUProcessConfig", "scorelib.processes.ornstein_uhlenbeck")
+MLPConfig = target_schema("MLPConfig", "scorelib.nets.MLP")
+LocalMLPConfig = target_schema("LocalMLPConfig", "scorelib.nets.LocalMLP")
+UNetConfig = target_schema("UNetConfig", "scorelib.nets.UNet")
+EDMLossConfig = target_schema("EDMLossConfig", "scorelib.objectives.EDMLoss")
+DSMConfig = target_schema("DSMConfig", "scorelib.objectives.DSM")
+SmoothedObjectiveConfig = target_schema(
+    "SmoothedObjectiveConfig", "scorelib.objectives.smoothed.smoothed_score_matching"
+)
 
 
-@dataclass
-class MLPConfig:
-    _target_: str = "scorelib.nets.MLP"
-    width: int = 512
-    depth: int = 4
-    emb_dim: int = 64
-    embedding: str = "fourier"
-    dropout: float = 0.0
-    emb_scale: float | None = None  # None: the embedding's default
-    norm: str = "none"  # none | layer
-    skip: str = "none"  # none | affine
-
-
-@dataclass
-class LocalMLPConfig:
-    """``scorelib.nets.LocalMLP``: the global MLP at ``sigma >= sigma_local``, a per-pixel
-    MLP of the ``(2 radius + 1)^2`` neighbourhood below it."""
-
-    _target_: str = "scorelib.nets.LocalMLP"
-    sigma_local: float = 1.0
-    radius: int = 1
-    local_width: int = 64
-    local_depth: int = 3
-    width: int = 512
-    depth: int = 4
-    emb_dim: int = 64
-    embedding: str = "fourier"
-    emb_scale: float | None = None
-    dropout: float = 0.0
-    norm: str = "none"
-    skip: str = "none"
-
-
-@dataclass
-class UNetConfig:
-    _target_: str = "scorelib.nets.UNet"
-    channels: int = 64
-    channel_mult: list[int] = field(default_factory=lambda: [1, 2, 2])
-    num_res_blocks: int = 2
-    attn_resolutions: list[int] = field(default_factory=lambda: [16])
-    dropout: float = 0.1
-    emb_dim: int = 256
-    embedding: str = "positional"
-
-
-# --- objective -----------------------------------------------------------------
-
-
-@dataclass
-class EDMLossConfig:
-    _target_: str = "scorelib.objectives.EDMLoss"
-    P_mean: float = -1.2
-    P_std: float = 1.2
-    sigma_data: float = 0.5
-    reduce: str = "mean"
-    p_uniform: float = 0.0  # share of log-uniform noise levels over sigma_range
-    sigma_range: list[float] | None = None  # (lo, hi); only with p_uniform > 0
-
-
-@dataclass
-class DSMConfig:
-    _target_: str = "scorelib.objectives.DSM"
-    weighting: str = "sigma2"
-    reduce: str = "mean"
-
-
-@dataclass
-class QCPenaltyConfig:
-    """``penalty=qc``: the objective plus the quasi-conservative penalty ``weight * w(t) |J -
-    J^T|_F^2`` on the score's Jacobian (Chao et al., ICML 2022;
-    ``scorelib.objectives.conservative``)."""
-
-    _target_: str = "scorelib.objectives.quasi_conservative"
-    weight: float = 1.0  # lambda >= 0 (0: logged, not trained on)
-    probes: int = 1  # Hutchinson probes per example (one JVP + one VJP each)
-    noise: str = "rademacher"  # rademacher | gaussian
-    weighting: str = "sigma2"  # w(t): sigma2 | likelihood | none
-    form: str = "skew"  # skew: |(J - J^T) v|^2 | paper: 2(|v^T J|^2 - (v^T J)(J v))
-
-
-@dataclass
-class SmoothedObjectiveConfig:
-    """``objective=smoothed``: regression onto the smoothed closed-form score of the run's
-    training set (``scorelib.objectives.smoothed``; image data only)."""
-
-    _target_: str = "scorelib.objectives.smoothed.smoothed_score_matching"
-    sigma_s: float = 0.8  # smoothing scale (>= 0, data units)
-    M: int = 2  # smoothing draws (>= 1)
-    estimator: str = "nn"  # nn | exact
-    k: int | None = None  # estimator=nn: neighbours (null: 15)
-    l: int | None = None  # estimator=nn: uniform draws (null: 15)
-    chunk: int = 4096
-    redraw: bool = False
-    P_mean: float = -1.2
-    P_std: float = 1.2
-    sigma_data: float = 0.5
-    reduce: str = "mean"
-
-
-@dataclass
-class SUREObjectiveConfig:
-    """``objective=sure``: SURE-Score (``scorelib.objectives.sure``), a score learned from
-    noisy training images; its noise level ``sigma_n`` is ``data.noise_sigma``."""
-
-    _target_: str = "scorelib.objectives.SURE"
-    sure_weight: float = 1.0  # the SURE term's weight (> 0) against the DSM term's 1
-    probes: int = 1  # divergence probes per example (>= 1)
-    probe: str = "rademacher"  # rademacher | gaussian
-    divergence: str = "jvp"  # jvp (exact b^T J b) | fd (finite difference)
-    eps: float | None = None  # divergence=fd only: the step (null: 1e-3, data units)
-    P_mean: float = -1.2
-    P_std: float = 1.2
-    sigma_data: float = 0.5
-    reduce: str = "mean"
+# objective=sure takes its sigma_n from data.noise_sigma (experiments.build.build_objective)
+SUREObjectiveConfig = target_schema("SUREObjectiveConfig", "scorelib.objectives.SURE")
+# penalty=qc wraps the run's objective (Chao et al., ICML 2022; scorelib.objectives.conservative)
+QCPenaltyConfig = target_schema("QCPenaltyConfig", "scorelib.objectives.quasi_conservative")
 
 
 # --- sampler -------------------------------------------------------------------
 
-#: Options of each grid (``scorelib.samplers.grids``); ``null`` in a config means "the
-#: grid's default", and an option set for a grid that does not take it is refused.
-GRID_OPTIONS = {
-    "edm": ("sigma_min", "sigma_max", "rho"),
-    "uniform_t": ("t_min", "t_max"),
-    "log_snr": ("t_min", "t_max"),
-}
-GRID_FIELDS = ("sigma_min", "sigma_max", "rho", "t_min", "t_max")
-
-#: The grid each sampler uses unless ``sampler.grid=`` says otherwise.
-DEFAULT_GRID = {
-    "heun": "edm",
-    "dpmpp_2m": "edm",
-    "euler_maruyama": "uniform_t",
-    "pf_ode_euler": "uniform_t",
-    "pc": "uniform_t",
-    "annealed_langevin": "log_snr",
-}
+#: Options of each grid (``scorelib.samplers.grids.GRIDS``, read from the grid functions'
+#: signatures); ``null`` in a config means "the grid's default", and an option set for a
+#: grid that does not take it is refused.
+GRID_OPTIONS = {name: tuple(opts) for name, opts in GRIDS.items()}
+GRID_FIELDS = tuple(dict.fromkeys(k for opts in GRIDS.values() for k in opts))
 
 # Keyword arguments every sampler shares; they are not options a config sets
 # (``float64`` is the config field of the same name, ``unroll`` only a compile knob).
 _SHARED_KWARGS = ("grid", "x_T", "first_index", "float64", "unroll")
 
 
-@dataclass
-class SamplerConfig:
-    """Fields every sampler has; each sampler's schema (:func:`sampler_schema`) adds its options."""
+def _grid_fields() -> list[tuple]:
+    """Every grid's options as nullable fields (null: the grid's default)."""
+    hints = {}
+    for fn in GRID_FUNCTIONS.values():
+        hints.update(typing.get_type_hints(fn))
+    return [(k, config_type(hints[k]) | None, None) for k in GRID_FIELDS]
 
-    name: str = MISSING
-    steps: int = MISSING
-    grid: str = "edm"  # edm | uniform_t | log_snr
-    # grid options (null: the grid's default; refused for a grid that does not take them)
-    sigma_min: float | None = None  # grid=edm
-    sigma_max: float | None = None  # grid=edm
-    rho: float | None = None  # grid=edm
-    t_min: float | None = None  # grid=uniform_t | log_snr (null: the process's range)
-    t_max: float | None = None  # grid=uniform_t | log_snr
-    num_samples: int = 1000
-    batch_size: int = 1000  # does not change the samples (per-example keys)
-    seed: int = 0
-    float64: bool = False
+
+SamplerConfig = make_schema(
+    "SamplerConfig",
+    [
+        ("name", str, MISSING),
+        ("steps", int, MISSING),
+        ("grid", str, "edm"),  # a name of scorelib.samplers.GRIDS
+        *_grid_fields(),  # refused for a grid that does not take them
+        ("num_samples", int, 1000),
+        ("batch_size", int, 1000),  # does not change the samples (per-example keys)
+        ("seed", int, 0),
+        ("float64", bool, False),
+    ],
+    "Fields every sampler has; each sampler's schema (:func:`sampler_schema`) adds its options.",
+)
 
 
 def sampler_options(name: str) -> dict[str, tuple[Any, Any]]:
@@ -253,57 +188,43 @@ def sampler_options(name: str) -> dict[str, tuple[Any, Any]]:
     for key, default in fn.options.items():
         if key in _SHARED_KWARGS:  # ``unroll`` changes compile time, never the samples
             continue
-        typ = hints.get(key, Any if default is None else type(default))
-        out[key] = (typ, default)
+        out[key] = (config_type(hints.get(key), default), default)
     return out
 
 
 @functools.cache
 def sampler_schema(name: str) -> type:
-    """The structured config of sampler ``name``: :class:`SamplerConfig` plus its options.
+    """The structured config of sampler ``name``: :class:`SamplerConfig` with its default
+    grid (``Sampler.default_grid``) and its options.
 
     Raises:
       ValueError: naming ``sampler.name`` for an unknown sampler.
     """
-    fields = [("name", str, dataclasses.field(default=name))]
-    fields.append(("grid", str, dataclasses.field(default=DEFAULT_GRID.get(name, "edm"))))
-    for key, (typ, default) in sampler_options(name).items():
-        fields.append((key, typ, dataclasses.field(default=default)))
+    fields = [("name", str, name), ("grid", str, get_sampler(name).default_grid)]
+    fields += [(key, typ, default) for key, (typ, default) in sampler_options(name).items()]
     cls_name = "".join(w.capitalize() for w in name.split("_")) + "SamplerConfig"
-    return dataclasses.make_dataclass(cls_name, fields, bases=(SamplerConfig,))
+    return make_schema(cls_name, fields, SamplerConfig.__doc__, bases=(SamplerConfig,))
 
 
 @dataclass
 class RunSamplerConfig:
     """``sampler=run`` (the default of ``experiments.sample`` and ``experiments.evaluate``):
     the training run's own sampler, with every field given here (not null) on top.
-    Options are checked against the run's sampler when the two are merged."""
-
-    name: str | None = None
-    steps: int | None = None
-    grid: str | None = None
-    sigma_min: float | None = None
-    sigma_max: float | None = None
-    rho: float | None = None
-    t_min: float | None = None
-    t_max: float | None = None
-    num_samples: int | None = None
-    batch_size: int | None = None
-    seed: int | None = None
-    float64: bool | None = None
-    # + every option of every sampler, null (`run_sampler_schema`)
+    Options are checked against the run's sampler when the two are merged. Its fields
+    (:func:`run_sampler_schema`) are those of :class:`SamplerConfig` and every option of
+    every sampler, all null."""
 
 
 @functools.cache
 def run_sampler_schema() -> type:
-    """:class:`RunSamplerConfig` with every option of every registered sampler (null)."""
-    fields, seen = [], {f.name for f in dataclasses.fields(RunSamplerConfig)}
+    """:class:`RunSamplerConfig`: every field of :class:`SamplerConfig` and every option of
+    every registered sampler, null."""
+    fields = dict(typing.get_type_hints(SamplerConfig))
     for name in SAMPLERS:
         for key, (typ, _) in sampler_options(name).items():
-            if key not in seen:
-                seen.add(key)
-                fields.append((key, typ | None, dataclasses.field(default=None)))
-    return dataclasses.make_dataclass("RunSamplerConfig", fields, bases=(RunSamplerConfig,))
+            fields.setdefault(key, typ)
+    nullable = [(key, typ | None, None) for key, typ in fields.items()]
+    return make_schema("RunSamplerConfig", nullable, RunSamplerConfig.__doc__, (RunSamplerConfig,))
 
 
 # --- training-free sources (closed-form diffusion) -------------------------------
@@ -332,38 +253,34 @@ class CFDMScoreConfig:
     n_train: int | None = None  # data=toy: training points drawn (null: 1000)
 
 
-#: ``ReverseDiffusionScore.create`` arguments that are not ``score.<field>`` options: the
-#: target is ``data=target``'s, the process ``process=``'s.
-_RDMC_NOT_OPTIONS = ("target", "process")
-
-
-@functools.cache
-def rdmc_score_schema() -> type:
+RDMCScoreConfig = make_schema(
+    "RDMCScoreConfig",
+    [
+        ("name", str, "rdmc"),
+        # the target comes from data=target, the process from process=
+        *signature_fields(ReverseDiffusionScore.create, skip=("target", "process")),
+    ],
     """``score=rdmc``: reverse diffusion Monte Carlo's score of ``data=target``'s log-density
-    (``scorelib.scores.ReverseDiffusionScore``), generated from the keyword options of
-    ``ReverseDiffusionScore.create`` and their defaults (one home for every default; the
-    presets set the paper-like ones). Ranges, and an option that does not apply
-    (``n_proposals`` with ``init=scaled``), are checked by ``create``."""
-    create = ReverseDiffusionScore.create
-    hints = typing.get_type_hints(create)
-    fields = [("name", str, dataclasses.field(default="rdmc"))]
-    for p in inspect.signature(create).parameters.values():
-        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _RDMC_NOT_OPTIONS:
-            fields.append((p.name, hints[p.name], dataclasses.field(default=p.default)))
-    return dataclasses.make_dataclass("RDMCScoreConfig", fields)
+    (``scorelib.scores.ReverseDiffusionScore``): the options of
+    ``ReverseDiffusionScore.create`` and their defaults (the presets set the paper-like ones).
+    Ranges, and an option that does not apply (``n_proposals`` with ``init=scaled``), are
+    checked by ``create``.""",
+)
 
 
-@dataclass
-class CFDMSamplerConfig:
+CFDMSamplerConfig = make_schema(
+    "CFDMSamplerConfig",
+    [
+        ("name", str, "cfdm"),
+        *signature_fields(cfdm_sample, skip=("source", "key", "batch", "first_index")),
+        ("num_samples", int, 1000),
+        ("batch_size", int, 256),  # does not change the samples (per-example keys)
+        ("seed", int, 0),
+    ],
     """``sampler=cfdm``: Euler in rectified-flow time from an exact draw at ``T``
-    (``scorelib.samplers.cfdm``); only with a training-free ``score``."""
-
-    name: str = "cfdm"
-    T: float = 0.95  # start flow time in [0, 1)
-    S: int = 100  # steps per unit flow time (h = 1/S)
-    num_samples: int = 1000
-    batch_size: int = 256  # does not change the samples (per-example keys)
-    seed: int = 0
+    (``scorelib.samplers.cfdm_sample``, whose options ``T`` and ``S`` and their defaults
+    these are); only with a training-free ``score``.""",
+)
 
 
 # --- data ----------------------------------------------------------------------
@@ -422,14 +339,8 @@ class TargetDataConfig(DataConfig):
 # --- optimisation and trainer --------------------------------------------------
 
 
-@dataclass
-class OptimConfig:
-    lr: float = 1e-3
-    warmup_steps: int = 200
-    grad_clip: float = 1.0
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
+#: ``optim``: the arguments of ``scorelib.training.make_optimizer`` and their defaults.
+OptimConfig = make_schema("OptimConfig", signature_fields(make_optimizer))
 
 
 @dataclass
@@ -562,7 +473,7 @@ def group_schemas() -> dict[tuple[str, str], type]:
         out[("sampler", name)] = sampler_schema(name)
     out[("sampler", "cfdm")] = CFDMSamplerConfig
     out[("score", "cfdm")] = CFDMScoreConfig
-    out[("score", "rdmc")] = rdmc_score_schema()
+    out[("score", "rdmc")] = RDMCScoreConfig
     return out
 
 
@@ -583,11 +494,34 @@ def describe_schema(schema: type) -> str | None:
     return None
 
 
+def not_identity_keys(app: str) -> list[str]:
+    """The override keys that do not name a run of ``experiments.<app>`` (``train`` or
+    ``distill``): Hydra leaves them out of the run directory
+    (``hydra.job.config.override_dirname.exclude_keys``, stored by :func:`register_configs`
+    as ``_schemas/run_name/<app>``). The preset and its name, where the run executes
+    (``cluster``), the ``trainer`` fields that do not change the model and, for ``train``,
+    the sampler (another sampler reuses the checkpoint); for ``distill`` the one-step
+    samples drawn at the end."""
+    keys = ["experiment", "name", "hydra/launcher", "set_default_sampler", "cluster"]
+    keys += [f"cluster.{f}" for f in CLUSTER_FIELDS]
+    keys += [f"trainer.{f}" for f in TRAINER_NOT_IDENTITY]
+    if app == "train":
+        fields = dict.fromkeys(f for n in SAMPLERS for f in sampler_schema(n).__dataclass_fields__)
+        keys += ["sampler", *(f"sampler.{f}" for f in fields)]
+    else:
+        keys += [f"sampler.{f}" for f in ("num_samples", "batch_size", "seed")]
+    return keys
+
+
 def register_configs() -> None:
     """Register the schemas with Hydra's ConfigStore (idempotent)."""
     cs = ConfigStore.instance()
     for (group, option), node in group_schemas().items():
         cs.store(group=f"{SCHEMA_GROUP}/{group}", name=option, node=node)
+    for app in ("train", "distill"):
+        dirname = {"exclude_keys": not_identity_keys(app)}
+        node = {"hydra": {"job": {"config": {"override_dirname": dirname}}}}
+        cs.store(group=f"{SCHEMA_GROUP}/run_name", name=app, node=node, package="_global_")
     cs.store(group="sampler", name="run", node=run_sampler_schema())
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="sample_schema", node=SampleConfig)

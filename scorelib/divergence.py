@@ -24,7 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from scorelib._checks import check_choice, check_int, check_real
+from scorelib._checks import array_shape, check_array, check_choice, check_int, check_real
 
 Array = Any
 
@@ -75,14 +75,20 @@ def value_and_divergence(
       ``(fn(x) of shape S, a scalar)``; ``fn`` is evaluated once at ``x`` (and once more per
       probe at ``x + h eps`` for ``'fd'``).
 
+    The probes are cast to ``x``'s dtype (float32 probes against a float64 state under x64).
+
     Raises:
-      ValueError: for an unknown ``estimator``, a ``step`` with ``'jvp'``, or ``step`` not a
-        positive number with ``'fd'``.
+      ValueError: for an unknown ``estimator``, a ``step`` with ``'jvp'``, ``step`` not a
+        positive number with ``'fd'``, or ``eps`` not ``[probes, *S]``.
 
     Reference: Hutchinson 1989; Grathwohl et al. 2019 (FFJORD), Sec. 3; Ramani, Blu and
     Unser 2008 (the finite difference).
     """
     check_choice(estimator, "estimator", ESTIMATORS)
+    check_array(eps, "eps", ("probes", *array_shape(x)), note=" (probes of x's shape)")
+    # jax.jvp needs tangents of the primal's dtype: a float64 x (under x64) with the float32
+    # probes of probe_vectors would fail
+    eps = jnp.asarray(eps).astype(jnp.asarray(x).dtype)
     axes = tuple(range(1, eps.ndim))
     if estimator == "jvp":
         if step is not None:

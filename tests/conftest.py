@@ -66,3 +66,13 @@ def _release_compiled_executables(request):
             f"caches (vm.max_map_count = {limit}): something keeps compiled executables alive",
             pytrace=False,
         )
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _config_schemas():
+    """Hydra's config store holds the generated schemas in every test process, whichever
+    test runs first there: the entry points register them when imported, and a test that
+    composes a config without importing one would otherwise depend on the order."""
+    from experiments.schema import register_configs  # after JAX's cache settings above
+
+    register_configs()

@@ -50,6 +50,69 @@ def test_check_int_and_choice():
         _checks.check_choice("z", "a.c", ("x", "y"))
 
 
+@pytest.mark.parametrize(
+    "shape, pattern, sizes, ok",
+    [
+        ((3, 2), ("batch", 2), None, {"batch": 3}),
+        ((3, 4, 4, 1), ("batch", "*data_shape"), None, {"batch": 3, "data_shape": (4, 4, 1)}),
+        ((3, 2), ("n", "n"), None, None),  # a name is one size wherever it recurs
+        ((2, 2), ("n", "n"), None, {"n": 2}),
+        ((3, 1), ("batch", 2), None, None),
+        ((3,), ("batch", "*data_shape"), None, None),  # a run has at least one axis
+        ((0, 2), ("batch", 2), None, None),  # a named size is >= 1
+        ((4,), ("batch",), {"batch": 3}, None),
+        ((3, 2), ("m", "*shape"), {"shape": (2,)}, {"m": 3, "shape": (2,)}),
+        ((), (), None, {}),
+    ],
+)
+def test_check_shape_patterns(shape, pattern, sizes, ok):
+    if ok is not None:
+        assert _checks.check_shape(np.zeros(shape), "x", pattern, sizes=sizes) == {
+            **(sizes or {}),
+            **ok,
+        }
+    else:
+        with pytest.raises(ValueError, match=r"^x must have shape \[.*\]; got shape "):
+            _checks.check_shape(np.zeros(shape), "x", pattern, sizes=sizes)
+
+
+def test_array_checks_messages_dtypes_and_tracers():
+    with pytest.raises(ValueError) as e:
+        _checks.check_shape(np.zeros((3, 1)), "x", ("batch", 2), note=" (the training set's)")
+    assert str(e.value) == "x must have shape [batch, 2] (the training set's); got shape (3, 1)"
+    with pytest.raises(ValueError) as e:
+        _checks.check_example_sets(np.zeros((6, 2)), np.zeros((7, 3)))
+    assert str(e.value) == (
+        "y must have shape [m, *shape=(2,)] (the example shape of x); got shape (7, 3)"
+    )
+    with pytest.raises(ValueError, match=r"^h must have shape \[batch=4\] \(the shape of g\)"):
+        _checks.check_arrays(("batch",), g=np.zeros(4), h=np.zeros((4, 1)))
+    for good in (
+        np.zeros(2, np.float32),
+        np.zeros(2, np.int64),
+        jnp.zeros(2, jnp.bfloat16),
+        0.5,
+        3,
+    ):
+        _checks.check_real_dtype(good, "x")
+    for bad in (np.zeros(2, bool), np.zeros(2, complex), np.array(["a"]), jax.random.key(0)):
+        with pytest.raises(ValueError, match=r"^x must be a real \(floating or integer\) array"):
+            _checks.check_real_dtype(bad, "x")
+    _checks.check_time(0.5, "t", 3)
+    _checks.check_time(np.zeros(3), "t", 3)
+    with pytest.raises(ValueError, match=r"^t must be a scalar or have shape \[batch=3\]"):
+        _checks.check_time(np.zeros((3, 1)), "t", 3)
+
+    # inside jit the checks read the tracers' static shapes: no host round trip
+    @jax.jit
+    def f(x):
+        return _checks.check_shape(x, "x", ("batch", 2))["batch"] * x
+
+    np.testing.assert_array_equal(f(jnp.ones((3, 2))), 3.0)
+    with pytest.raises(ValueError, match=r"^x must have shape \[batch, 2\]; got shape \(3, 1\)"):
+        f(jnp.ones((3, 1)))
+
+
 def test_atomic_write_replaces_whole_and_leaves_old_file_on_error(tmp_path):
     p = tmp_path / "sub" / "f.txt"
     _io.atomic_write_text(p, "old")

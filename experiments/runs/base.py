@@ -10,7 +10,8 @@ step. Each kind implements only what differs: :meth:`TrainedRun.build` (from its
 its ``fingerprint`` (what a checkpoint must match), its ``step_fn`` and :meth:`Run.draw`.
 
 * :func:`train_run`: train (or resume, or find complete) a run in its directory;
-* :func:`load_run`: a run directory's run and its state at a checkpoint;
+* :meth:`TrainedRun.load` (:func:`experiments.runs.load_run`): a run directory's run and
+  its state at a checkpoint;
 * :meth:`TrainedRun.save_samples` / :meth:`Run.write_samples`: draw and write samples
   under ``samples/`` (:mod:`experiments.runs.layout`);
 * :meth:`TrainedRun.find_samples`: the samples an ``experiments.evaluate`` command means.
@@ -20,8 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import jax
 import numpy as np
@@ -109,9 +111,6 @@ class TrainedRun(Run):
     step_fn: Any
     fingerprint: dict
 
-    #: which entry point writes this kind (for messages)
-    writer: ClassVar[str] = "experiments.train"
-
     # ------------------------------------------------------------------ what each kind writes
 
     @classmethod
@@ -128,6 +127,11 @@ class TrainedRun(Run):
     def initial_state(self):
         """The state a new run starts from (default: the fresh ``state``)."""
         return self.state
+
+    def fingerprint_defaults(self) -> dict:
+        """Dotted fingerprint key -> the value a checkpoint written before that key existed
+        stands for (``Checkpointer(config_defaults=...)``; default: none)."""
+        return {}
 
     def saved_config(self) -> DictConfig:
         """The config written to ``config.yaml`` (default: ``cfg`` resolved)."""
@@ -177,6 +181,12 @@ class TrainedRun(Run):
         """The score source whose bits/dim the evaluation reports, or ``None``."""
         return None
 
+    @classmethod
+    def comparison_rows(cls, run_cfg: DictConfig, *, num_samples: int, seed: int) -> dict:
+        """``{label: (nfe, samples)}``: other samplers' samples the evaluation of this run's
+        samples shows beside them, by every metric (default: none)."""
+        return {}
+
     # ------------------------------------------------------------------ the lifecycle
 
     def checkpointer(self, run_dir: Path) -> training.Checkpointer:
@@ -188,6 +198,7 @@ class TrainedRun(Run):
             keep_last=tc.keep_last,
             keep_every=tc.keep_every,
             config=self.fingerprint,
+            config_defaults=self.fingerprint_defaults(),
         )
 
     def resume(self, ckpt: training.Checkpointer, run_dir: Path):
@@ -304,7 +315,7 @@ class TrainedRun(Run):
         name = cls.samples_name(cls.sampling_of(cfg), cmd.use_ema)
         path = samples_dir(run_dir, name, step) / "samples.npz"
         if not path.is_file():
-            selectors = " ".join(k for k in override_keys(overrides) if _selects_samples(k))
+            selectors = " ".join(k for k in override_keys(overrides) if selects_samples(k))
             raise FileNotFoundError(
                 f"{path}: no samples there; draw them with python -m experiments.sample "
                 f"run_dir={run_dir} and the same sampler/step/use_ema arguments"
@@ -318,7 +329,8 @@ def override_keys(overrides: list[str]) -> list[str]:
     return [o.split("=", 1)[0].lstrip("+~") for o in overrides]
 
 
-def _selects_samples(key: str) -> bool:
+def selects_samples(key: str) -> bool:
+    """Whether the override field ``key`` chooses which samples a command means."""
     return key in ("sampler", "step", "use_ema") or key.startswith("sampler.")
 
 
@@ -406,6 +418,7 @@ def train_run(
                 write_run_info(
                     run_dir, run_config(run, run_dir), seed=cfg.trainer.seed, extra=extra
                 )
+            start, t0 = int(parallel.to_host(state.step)), time.perf_counter()
             state = train_loop(
                 state,
                 run.step_fn,
@@ -422,6 +435,11 @@ def train_run(
             )
         finally:
             ckpt.close()
+    done = cfg.trainer.steps - start
+    if lead and done > 0:  # wall time of the loop: compilation, steps, logs, checkpoints
+        wall = time.perf_counter() - t0
+        per_step = 1000 * wall / done
+        print(f"trained {done} steps in {wall:.0f} s ({per_step:.1f} ms per step with compiling)")
     return run, state
 
 

@@ -32,7 +32,7 @@ from experiments.runs.score import ScoreRun
 from scorelib import distill, parallel
 from scorelib._checks import check_int, require
 from scorelib.nets import MLP
-from scorelib.samplers import draw_samples
+from scorelib.samplers import draw_samples, get_sampler, make_grid
 from scorelib.scores import EmpiricalScore, fit_gaussian
 
 #: ``distill.*`` fields that configure networks, not ``scorelib.distill.DistillConfig``.
@@ -40,6 +40,8 @@ NETWORK_FIELDS = ("disc_width", "backbone_width", "backbone_depth")
 BACKBONE_FIELDS = ("backbone_width", "backbone_depth")
 #: The ``sampler`` fields of a distillation run: a one-step student has no other.
 SAMPLER_FIELDS = ("num_samples", "batch_size", "seed")
+#: The teacher's few-step rows beside a student's evaluation: DPM-Solver++(2M) at these NFE.
+TEACHER_FEW_STEP_NFE = (1, 2, 4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -358,8 +360,6 @@ class DistillRun(TrainedRun):
     sampling: OneStep
     disc_inputs: str = ""  # what the discriminator heads read (printed at the start)
 
-    writer = "experiments.distill"
-
     @classmethod
     def build(cls, cfg: DictConfig, mesh=None) -> DistillRun:
         """Build every object of the distillation; every config error surfaces here.
@@ -494,6 +494,43 @@ class DistillRun(TrainedRun):
         return OmegaConf.create(
             {k: run_cfg.sampler[k] if v is None else v for k, v in given.items()}
         )
+
+    @classmethod
+    def comparison_rows(cls, run_cfg: DictConfig, *, num_samples: int, seed: int) -> dict:
+        """The teacher beside its student, at the student's sample count and seed: the
+        teacher run's own sampler (Heun, 35 NFE for the digits preset) and DPM-Solver++(2M)
+        at :data:`TEACHER_FEW_STEP_NFE` on the EDM grid down to the teacher sampler's lowest
+        level (its ``sigma_min`` on the EDM grid, else 0.002; not tuned on the test split).
+        None without a teacher run (an analytic teacher has no sampler to compare).
+
+        Returns:
+          ``{label: (nfe, samples [num_samples, *data_shape])}``.
+        """
+        if not run_cfg.teacher.get("run_dir"):
+            return {}
+        teacher, state = ScoreRun.load(run_cfg.teacher.run_dir, step=run_cfg.teacher.get("step"))
+        source = teacher.source(state.ema_params)
+        own = teacher.sampling
+        sigma_min = own.record.get("sigma_min") if own.record["grid"] == "edm" else None
+        samplings = {f"teacher, {own.name} {own.record['steps']} steps": own}
+        for n in TEACHER_FEW_STEP_NFE:
+            grid = make_grid("edm", n, teacher.process, sigma_min=sigma_min or 0.002)
+            name = f"teacher, dpmpp_2m {n} step{'s' if n > 1 else ''}"
+            samplings[name] = build.Sampling("dpmpp_2m", get_sampler("dpmpp_2m"), grid, {})
+        rows = {}
+        for label, sampling in samplings.items():
+            x, info = draw_samples(
+                sampling,
+                source,
+                jax.random.key(seed),
+                teacher.data.data_shape,
+                num_samples=num_samples,
+                batch_size=teacher.cfg.sampler.batch_size,
+                progress=True,
+                desc=f"sampling ({label})",
+            )
+            rows[label] = (int(info["nfe"]), x)
+        return rows
 
     @classmethod
     def data_config(cls, run_cfg: DictConfig) -> DictConfig:

@@ -417,6 +417,35 @@ def format_image_table(r: dict, name: str) -> str:
     return "\n".join(lines)
 
 
+def format_comparison(rows: dict) -> str:
+    """One markdown table of several :func:`evaluate_images` results ``{label: (nfe,
+    result)}`` (a student beside its teacher's samplers): FD, the two-sample tests and
+    precision/recall, the copy rate, with the floor's row (the first result's)."""
+
+    def cell(r, key):
+        return f"{r[key]:.2f}" if key in r else ""
+
+    first = next(iter(rows.values()))[1]
+    lines = [
+        "| | NFE | FD | C2ST pixels | C2ST features | precision / recall, pixels | copy rate |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, (nfe, r) in rows.items():
+        pr = f"{cell(r, 'precision_pixels_samples')} / {cell(r, 'recall_pixels_samples')}"
+        lines.append(
+            f"| {label} | {nfe if nfe is not None else ''} | {cell(r, 'fd')} "
+            f"| {cell(r, 'c2st_pixels_samples')} | {cell(r, 'c2st_features_samples')} "
+            f"| {pr} | {r['mem_copy_rate']:.3f} |"
+        )
+    floor_pr = f"{cell(first, 'precision_pixels_floor')} / {cell(first, 'recall_pixels_floor')}"
+    lines.append(
+        f"| training images (floor) | | {cell(first, 'fd_floor')} "
+        f"| {cell(first, 'c2st_pixels_floor')} | {cell(first, 'c2st_features_floor')} "
+        f"| {floor_pr} | {first['mem_reference_copy_rate']:.3f} (test) |"
+    )
+    return "\n".join(lines)
+
+
 def format_points_table(r: dict) -> str:
     """A markdown table of :func:`evaluate_points`'s result: the samples' row beside the
     floor's (another draw of the data) and the prior's, the target evaluations the samples
@@ -469,13 +498,19 @@ def load_samples(path: Path) -> np.ndarray:
         raise ValueError(f"samples={path} must be a .npz file: {e}") from e
 
 
+def sample_meta(path: Path) -> dict:
+    """The ``samples.json`` beside the samples file ``path`` (``{}`` when there is none)."""
+    try:
+        return json.loads((Path(path).parent / "samples.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def describe_samples(path: Path) -> str:
     """``'<path> (heun, 18 steps, checkpoint step 12000, EMA weights)'``: how the samples in
     ``path`` were drawn, from the ``samples.json`` beside them (just the path without one)."""
-    meta_path = Path(path).parent / "samples.json"
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, ValueError):
+    meta = sample_meta(path)
+    if not meta:
         return str(path)
     sampler = meta.get("sampler") or {}
     parts = [str(sampler.get("name", "?"))]
@@ -500,6 +535,8 @@ def evaluate_and_write(
     train=None,
     title: str = "",
     extra: dict | None = None,
+    rows: dict | None = None,
+    nfe: int | None = None,
 ) -> dict:
     """Evaluate ``samples`` against ``data`` (:func:`evaluate_images` for image data,
     :func:`evaluate_points` against ``data.reference`` otherwise), write ``eval.json`` and
@@ -520,6 +557,10 @@ def evaluate_and_write(
       title: printed above the table.
       extra: more fields for ``eval.json`` (e.g. the samples' path; for points,
         ``target_evaluations`` and ``nfe`` are also printed under the table).
+      rows: image data: ``{label: (nfe, samples)}`` of other samplers (a student's
+        teacher) evaluated the same way and shown beside ``samples`` in one table
+        (:func:`format_comparison`); their results go to ``eval.json`` under ``rows``.
+      nfe: the network evaluations per sample of ``samples`` (for that table).
 
     Returns:
       the result dict (also in ``eval.json``).
@@ -538,6 +579,17 @@ def evaluate_and_write(
             progress=True,
         )
         table = format_image_table(result, data.name)
+        if rows:
+            compared = {"these samples": (nfe, result)}
+            for label, (row_nfe, x) in rows.items():
+                r = evaluate_images(
+                    x, data.images, data.name, seed=seed, cache_dir=cache_dir, progress=True
+                )
+                compared[label] = (row_nfe, r)
+            result["rows"] = {
+                k: {"nfe": n, **r} for k, (n, r) in compared.items() if k != "these samples"
+            }
+            table += "\n\n" + format_comparison(compared)
     else:
         n = samples.shape[0]
         ref, floor = data.reference(n, seed=seed + 1), data.reference(n, seed=seed + 2)

@@ -2,9 +2,9 @@
 that keeps two commands from training it at once.
 
 A run directory, ``outputs/<preset>/<overrides>``, is named by the overrides of its
-identity (``configs/train.yaml``'s ``exclude_keys`` leave the rest out), so the same
-command finds the same directory; :func:`check_same_run` refuses a directory that holds a
-run of another config before anything is written.
+identity (Hydra's ``exclude_keys``, ``experiments.schema.not_identity_keys``, leave the
+rest out), so the same command finds the same directory; :func:`check_same_run` refuses a
+directory that holds a run of another config before anything is written.
 """
 
 from __future__ import annotations
@@ -18,19 +18,11 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.schema import TRAINER_NOT_IDENTITY
+from scorelib.training.checkpoint import flatten_config
 
 _ABSENT = "<absent>"
 #: Top-level config fields that are not part of a run's identity.
 NOT_IDENTITY = ("sampler", "name", "cluster", "set_default_sampler")
-
-
-def _flatten(tree, prefix: str = "") -> dict:
-    if isinstance(tree, dict):
-        out = {}
-        for k, v in tree.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: tree}
 
 
 def identity(cfg: DictConfig | dict) -> dict:
@@ -42,7 +34,7 @@ def identity(cfg: DictConfig | dict) -> dict:
     tree["trainer"] = {
         k: v for k, v in tree.get("trainer", {}).items() if k not in TRAINER_NOT_IDENTITY
     }
-    return _flatten(tree)
+    return flatten_config(tree)
 
 
 def schema_default(cfg: DictConfig, key: str):

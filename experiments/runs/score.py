@@ -33,12 +33,23 @@ from experiments.runs.base import TrainedRun, override_keys
 from experiments.runs.layout import display_path, samples_name, saved_steps
 from scorelib import parallel, training
 from scorelib._checks import check_real
-from scorelib.samplers import draw_samples
+from scorelib.samplers import draw_samples, get_sampler
 
 
 def model_fingerprint(cfg: DictConfig, data_shape) -> dict:
     """What must match between a checkpoint and the model it is restored into."""
     return {"model": to_container(cfg.model), "data_shape": list(data_shape)}
+
+
+def model_fingerprint_defaults(cfg: DictConfig) -> dict:
+    """``{"model.<field>": default}`` of the model's schema: a field that a checkpoint's
+    fingerprint lacks (written before the field existed) is the same model while it holds
+    the library's default."""
+    typ = OmegaConf.get_type(cfg.model)
+    if not dataclasses.is_dataclass(typ):
+        return {}
+    defaults = OmegaConf.to_container(OmegaConf.structured(typ))
+    return {f"model.{k}": v for k, v in defaults.items() if v != "???"}
 
 
 def parse_init_from(value: str) -> tuple[Path, int | None]:
@@ -57,7 +68,7 @@ def sampler_name_parts(record: dict) -> tuple[str, list[tuple[str, object]]]:
     adds ``num_samples`` and ``seed``)."""
     name = record["name"]
     extras = []
-    if record["grid"] != schema.DEFAULT_GRID.get(name, "edm"):
+    if record["grid"] != get_sampler(name).default_grid:
         extras.append(("grid", record["grid"]))
     extras += [(k, record[k]) for k in schema.GRID_FIELDS if record.get(k) is not None]
     for key, (_, default) in schema.sampler_options(name).items():
@@ -170,11 +181,18 @@ class ScoreRun(TrainedRun):
             )
         step = steps[-1] if step is None else step
         got = training.restore_params(
-            src / "checkpoints", self.state, step=step, expected_fingerprint=self.fingerprint
+            src / "checkpoints",
+            self.state,
+            step=step,
+            expected_fingerprint=self.fingerprint,
+            fingerprint_defaults=self.fingerprint_defaults(),
         )
         ema = got.ema_params
         copy = lambda tree: jax.tree.map(lambda x: x.copy(), tree)  # noqa: E731
         return self.state.replace(params=copy(ema), ema_params=copy(ema))
+
+    def fingerprint_defaults(self) -> dict:
+        return model_fingerprint_defaults(self.cfg)
 
     def saved_config(self) -> DictConfig:
         """``cfg`` resolved, without the grid options that are not set (they are not used)."""

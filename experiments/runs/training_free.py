@@ -181,7 +181,7 @@ class RDMCSampling:
 
 def schema_defaults_of(group: str) -> dict:
     """The defaults of ``score=rdmc`` (``group='score'``) or ``process=ou`` (``'process'``)."""
-    typ = schema.rdmc_score_schema() if group == "score" else schema.OUProcessConfig
+    typ = schema.RDMCScoreConfig if group == "score" else schema.OUProcessConfig
     return OmegaConf.to_container(OmegaConf.structured(typ))
 
 

@@ -410,20 +410,23 @@ def _col(k: str) -> str:
     return LABELS.get(k, k)
 
 
-def _claim_variance(s: float) -> str:
+def _expected(s: float, low: str, high: str, between: str = "") -> str:
+    """The paper's expected shape at noise level ``s``: ``low`` at low noise (``s <= 1e-2``),
+    ``high`` at high noise (``s >= 3``), ``between`` otherwise."""
     if s <= 1e-2:
-        return "TSM ≪ DSM; DSM ~ d/σ²"
+        return low
     if s >= 3.0:
-        return "DSM < TSM"
-    return ""
+        return high
+    return between
+
+
+def _claim_variance(s: float) -> str:
+    return _expected(s, "TSM ≪ DSM; DSM ~ d/σ²", "DSM < TSM")
 
 
 def _claim_error(s: float) -> str:
-    if s <= 1e-2:
-        return "TSM ≪ DSM; mixture best or tied"
-    if s >= 3.0:
-        return "DSM < TSM; mixture best or tied"
-    return "mixture best or tied"
+    tied = "mixture best or tied"
+    return _expected(s, f"TSM ≪ DSM; {tied}", f"DSM < TSM; {tied}", tied)
 
 
 def variance_table(results: dict) -> tuple[list, list]:

@@ -21,17 +21,26 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from scorelib._checks import check_array, check_arrays
 from scorelib.scores.base import flatten
 
 Array = Any
 sg = jax.lax.stop_gradient
+
+#: The shape patterns of the losses' arguments (checked on static shapes: free under ``jit``).
+EXAMPLES = ("batch", "*data_shape")
+LOGITS = ("batch", "heads")
 
 
 def dmd_weight(g: Array, x_teacher: Array) -> Array:
     """DMD's per-example normaliser ``w = 1 / (mean_dims |g - x_teacher| + 1e-6)``, no gradient.
 
     ``g, x_teacher: [batch, *data_shape]`` -> ``[batch]`` (Yin et al. 2024a, eq. 8).
+
+    Raises:
+      ValueError: naming ``g`` or ``x_teacher`` (not real, or not of ``g``'s shape).
     """
+    check_arrays(EXAMPLES, g=g, x_teacher=x_teacher)
     return 1.0 / (jnp.mean(jnp.abs(flatten(sg(g) - sg(x_teacher))), axis=-1) + 1e-6)
 
 
@@ -48,9 +57,15 @@ def student_example_losses(g: Array, x_teacher: Array, x_fake: Array, h: Array, 
 
     Returns:
       ``[batch]``.
+
+    Raises:
+      ValueError: naming the argument whose shape does not fit (a ``[batch, 1]`` weight
+        would broadcast against ``[batch]`` losses into ``[batch, batch]``).
     """
-    b = g.shape[0]
-    assert h.shape == (b,) and w.shape == (b,), (h.shape, w.shape)
+    b = check_arrays(EXAMPLES, g=g, x_teacher=x_teacher, x_fake=x_fake)["batch"]
+    sizes = {"batch": b}
+    for name, v in (("h", h), ("w", w)):
+        check_array(v, name, ("batch",), sizes=sizes, note=" (one weight per example of g)")
     wh = sg(w * h).reshape((b,) + (1,) * (g.ndim - 1))
     target = sg(g - wh * (sg(x_fake) - sg(x_teacher)))
     return 0.5 * jnp.mean(flatten(g - target) ** 2, axis=-1)
@@ -65,7 +80,11 @@ def gan_generator_losses(logits: Array) -> Array:
     non-saturating loss (Goodfellow et al. 2014, Sec. 3), averaged the same way; as in
     NVIDIA FastGen's ``gan_loss_generator`` (``fastgen/methods/common_loss.py``:
     ``softplus(-fake_logits).mean()`` over the batch and the heads).
+
+    Raises:
+      ValueError: naming ``logits`` unless it is real ``[batch, heads]``.
     """
+    check_arrays(LOGITS, logits=logits)
     return jnp.mean(jax.nn.softplus(-logits), axis=-1)
 
 
@@ -74,7 +93,12 @@ def discriminator_losses(logits_fake: Array, logits_real: Array) -> Array:
 
     ``logits_fake, logits_real: [batch, heads]`` -> ``[batch]``. Its minimiser over all
     functions is ``D = log(p_real / p_fake)`` (Goodfellow et al. 2014, Prop. 1 in logit form).
+
+    Raises:
+      ValueError: naming ``logits_fake`` or ``logits_real`` (not real ``[batch, heads]``, or
+        not of one shape).
     """
+    check_arrays(LOGITS, logits_fake=logits_fake, logits_real=logits_real)
     return jnp.mean(jax.nn.softplus(logits_fake) + jax.nn.softplus(-logits_real), axis=-1)
 
 
@@ -86,7 +110,11 @@ def r1_example_losses(logits_real: Array, logits_noised: Array) -> Array:
     difference stand-in for R1's ``|grad_x D|^2`` (Mescheder et al. 2018, eq. 9) with no
     double backpropagation: the approximate R1 of APT (Lin et al. 2025) that f-distill uses
     (Xu et al. 2025, Table 5: gamma = 1 on CIFAR-10).
+
+    Raises:
+      ValueError: as :func:`discriminator_losses`, naming these two arguments.
     """
+    check_arrays(LOGITS, logits_real=logits_real, logits_noised=logits_noised)
     return jnp.mean((logits_real - logits_noised) ** 2, axis=-1)
 
 
@@ -95,5 +123,9 @@ def fake_score_example_losses(x_fake: Array, g: Array) -> Array:
 
     ``x_fake``: the fake network's denoiser at the noised student sample (differentiated);
     ``g``: the clean student sample (not differentiated).
+
+    Raises:
+      ValueError: naming ``x_fake`` or ``g`` (not real, or not of one shape).
     """
+    check_arrays(EXAMPLES, x_fake=x_fake, g=g)
     return jnp.mean(flatten(x_fake - sg(g)) ** 2, axis=-1)

@@ -19,11 +19,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from scorelib._checks import check_int, require
+from scorelib._checks import check_array, check_int, check_shape, check_time, require
 from scorelib.keys import example_keys
 from scorelib.nets.precond import edm_precond
 from scorelib.processes.base import broadcast_to_data
-from scorelib.scores.network import preconditioned_denoiser
+from scorelib.scores.network import check_network_input, preconditioned_denoiser
 
 Array = Any
 
@@ -39,7 +39,12 @@ def generate(graphdef, params, z: Array, sigma_g: float, sigma_data: float) -> A
 
     Returns:
       ``[batch, *data_shape]`` samples in data units.
+
+    Raises:
+      ValueError: naming ``z`` unless it is real ``[batch, *data_shape]`` with the
+        network's ``data_shape``.
     """
+    check_network_input(graphdef, params, z, "z")
     sigma = jnp.full((z.shape[0],), sigma_g, jnp.float32)
     return preconditioned_denoiser(graphdef, params, sigma_g * z, sigma, sigma_data)
 
@@ -81,7 +86,12 @@ def network_inputs(process, x: Array, t: Array, sigma_data: float) -> tuple[Arra
 
     ``x: [batch, *data_shape]``, ``t`` scalar or ``[batch]`` -> (``[batch, *data_shape]``,
     ``[batch]``) (Karras et al. 2022, Table 1, in the VE frame of ``scores.network``).
+
+    Raises:
+      ValueError: naming ``x`` (not real ``[batch, *data_shape]``) or ``t`` (neither a
+        scalar nor ``[batch]``).
     """
+    check_time(t, "t", check_array(x, "x", ("batch", "*data_shape"))["batch"])
     c = edm_precond(process.ve_sigma(t), sigma_data)
     x_ve = x / broadcast_to_data(process.alpha(t), x)
     return broadcast_to_data(c.c_in, x) * x_ve, jnp.broadcast_to(c.c_noise, (x.shape[0],))
@@ -99,7 +109,13 @@ def network_features(graphdef, params, x_in: Array, c_noise: Array) -> list[Arra
       a list of features, one per discriminator head: ``[batch, width]`` per hidden layer
       (``MLP.features``, ``depth`` of them), or ``[batch, H, W, c]`` per resolution and the
       bottleneck (``UNet.features``).
+
+    Raises:
+      ValueError: naming ``x_in`` (not real ``[batch, *data_shape]`` with the network's
+        ``data_shape``) or ``c_noise`` (not ``[batch]``).
     """
+    batch = check_network_input(graphdef, params, x_in, "x_in")
+    check_shape(c_noise, "c_noise", (batch,), note=" (one level per example of x_in)")
     return nnx.merge(graphdef, params).features(x_in, c_noise)
 
 

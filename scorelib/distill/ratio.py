@@ -21,6 +21,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from scorelib._checks import check_arrays, check_int
+
 Array = Any
 
 EPS = 1e-6  # the authors' guard in both normalisations
@@ -36,13 +38,23 @@ def ratio_from_logits(
 
     Returns:
       ``[batch]`` ratios, with no gradient.
+
+    Raises:
+      ValueError: naming ``logits`` unless it is real ``[batch, heads]``.
     """
+    check_arrays(("batch", "heads"), logits=logits)
     mean = jnp.clip(jnp.mean(jax.lax.stop_gradient(logits), axis=-1), -logit_clip, logit_clip)
     return jnp.clip(jnp.exp(mean), ratio_min, ratio_max)
 
 
 def bin_index(ve_sigma: Array, sigma_min: float, sigma_max: float, bins: int) -> Array:
-    """``[batch]`` int32 index of equal-width bins of ``[sigma_min, sigma_max]`` (data units)."""
+    """``[batch]`` int32 index of equal-width bins of ``[sigma_min, sigma_max]`` (data units).
+
+    Raises:
+      ValueError: naming ``ve_sigma`` (not real ``[batch]``) or ``bins`` (not an int >= 1).
+    """
+    check_arrays(("batch",), ve_sigma=ve_sigma)
+    check_int(bins, "bins", low=1)
     u = (ve_sigma - sigma_min) / (sigma_max - sigma_min)
     return jnp.clip(jnp.floor(u * bins).astype(jnp.int32), 0, bins - 1)
 
@@ -57,8 +69,14 @@ def bin_means(values: Array, index: Array, bins: int, previous: Array, ema_rate:
       values: ``[batch]``; index: ``[batch]`` bins in ``[0, bins)``; previous: ``[bins]``.
 
     Returns:
-      ``[bins]`` float32.
+      ``[bins]`` in ``previous``'s dtype.
+
+    Raises:
+      ValueError: naming the argument whose shape does not fit.
     """
+    check_int(bins, "bins", low=1)
+    check_arrays(("batch",), values=values, index=index)
+    check_arrays((bins,), previous=previous)
     one_hot = jax.nn.one_hot(index, bins, dtype=values.dtype)  # [batch, bins]
     count = one_hot.sum(0)
     mean = (one_hot * values[:, None]).sum(0) / jnp.maximum(count, 1.0)
@@ -67,10 +85,21 @@ def bin_means(values: Array, index: Array, bins: int, previous: Array, ema_rate:
 
 
 def normalise_ratio(r: Array, index: Array, means: Array) -> Array:
-    """Stage 1: ``r / (means[bin] + 1e-6)``; ``r, index: [batch]``, ``means: [bins]``."""
+    """Stage 1: ``r / (means[bin] + 1e-6)``; ``r, index: [batch]``, ``means: [bins]``.
+
+    Raises:
+      ValueError: naming the argument whose shape does not fit.
+    """
+    check_arrays(("batch",), r=r, index=index)
+    check_arrays(("bins",), means=means)
     return r / (means[index] + EPS)
 
 
 def normalise_weights(h: Array) -> Array:
-    """Stage 2: ``h / (mean(h) + 1e-6)`` over the batch (``[batch] -> [batch]``, mean ~1)."""
+    """Stage 2: ``h / (mean(h) + 1e-6)`` over the batch (``[batch] -> [batch]``, mean ~1).
+
+    Raises:
+      ValueError: naming ``h`` unless it is real ``[batch]``.
+    """
+    check_arrays(("batch",), h=h)
     return h / (jnp.mean(h) + EPS)

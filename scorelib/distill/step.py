@@ -18,10 +18,12 @@ Yin et al. 2024, Sec. 4)::
 
 D has one logit per head; the GAN, discriminator and R1 terms are means of per-head terms.
 The per-bin ratio means are updated on student steps only (where they are used). All
-losses are evaluated every step and logged; only the branch's own parameters move. As in
-``scorelib.training.step``, a step whose loss or gradient norm is non-finite applies no
-update and is recorded in ``first_nonfinite`` / ``n_skipped``, so the loop
-(``scorelib.training.train``) stops with the step number or skips it.
+losses are evaluated every step and logged; only the branch's own parameters move. The
+state is a multi-part ``scorelib.training.TrainState`` (one optimizer per part) and the
+update is the training package's (``scorelib.training.apply_update`` and ``advance``): a
+step whose loss or gradient norm is non-finite applies no update and is recorded in
+``first_nonfinite`` / ``n_skipped``, so the loop (``scorelib.training.train``) stops with
+the step number or skips it.
 """
 
 from __future__ import annotations
@@ -32,18 +34,21 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import optax
-from flax import nnx, struct
+from flax import nnx
 
-from scorelib._checks import check_int, check_real, require
+from scorelib._checks import check_array, check_int, check_real, note_text, require
 from scorelib._pytree import static_pytree
 from scorelib.distill import losses, ratio
 from scorelib.distill.divergences import check_divergence, h_weight
 from scorelib.distill.networks import generate, network_features, network_inputs
 from scorelib.keys import example_keys
-from scorelib.samplers.grids import rho_spaced
+from scorelib.processes.noise_levels import rho_spaced
+from scorelib.scores.base import ScoreSource
 from scorelib.scores.network import NetworkScore
-from scorelib.training.ema import EMA, ema_update
+from scorelib.training.ema import EMA
+from scorelib.training.optim import make_optimizer as _training_optimizer
+from scorelib.training.state import TrainState
+from scorelib.training.step import advance, apply_update
 
 Array = Any
 sg = jax.lax.stop_gradient
@@ -117,54 +122,44 @@ class DistillConfig:
 
     def draw_ve_sigma(self, u: Array) -> Array:
         """Noise levels from ``u`` in [0, 1] (same shape): rho-spaced, ``u = 0`` is sigma_max
-        (:func:`scorelib.samplers.grids.rho_spaced`)."""
+        (:func:`scorelib.processes.noise_levels.rho_spaced`)."""
         return rho_spaced(u, self.sigma_min, self.sigma_max, self.rho)
 
 
-class DistillState(struct.PyTreeNode):
-    """Everything a resumed distillation needs, as one pytree (checkpointed whole).
+class DistillState(TrainState):
+    """Everything a resumed distillation needs, as one pytree (checkpointed whole): a
+    :class:`scorelib.training.TrainState` of three parts, one optimizer each, with the
+    ratio means.
 
     Attributes:
       params: ``{'student', 'fake', 'disc'}`` parameter states.
       ema_params: EMA of ``params['student']`` (the sampled generator).
       opt_state: ``{'student', 'fake', 'disc'}`` optax states.
+      step, key, n_skipped, first_nonfinite: as ``scorelib.training.TrainState``.
       ratio_means: ``[ratio_bins]`` float32 per-bin mean ratios of the stage-1
         normalisation (1 before the first student step).
-      step, key, n_skipped, first_nonfinite: as ``scorelib.training.TrainState``.
     """
 
-    params: Any
-    ema_params: Any
-    opt_state: Any
     ratio_means: jax.Array
-    step: jax.Array
-    key: jax.Array
-    n_skipped: jax.Array
-    first_nonfinite: jax.Array
-
-    @property
-    def rng(self) -> jax.Array:
-        return jax.random.wrap_key_data(self.key)
 
 
 PARTS = ("student", "fake", "disc")
 
 
 def make_optimizer(lr: float, weight_decay: float, b1: float = 0.9, b2: float = 0.999):
-    """AdamW (Loshchilov and Hutter 2019), the paper's optimiser (lr 1e-4, wd 0.01).
+    """The paper's optimiser of each part (Xu et al. 2025, Table 5: AdamW, lr 1e-4, weight
+    decay 0.01, no warm-up or clipping): :func:`scorelib.training.make_optimizer` with
+    ``weight_decay``.
 
     Raises:
       ValueError: naming ``optim.lr``, ``optim.weight_decay``, ``optim.b1``, ``optim.b2``.
     """
-    check_real(lr, "optim.lr", low=0.0, low_open=True)
-    check_real(weight_decay, "optim.weight_decay", low=0.0)
-    check_real(b1, "optim.b1", low=0.0, high=1.0, high_open=True)
-    check_real(b2, "optim.b2", low=0.0, high=1.0, high_open=True)
-    return optax.adamw(lr, b1=b1, b2=b2, weight_decay=weight_decay)
+    return _training_optimizer(lr, grad_clip=None, b1=b1, b2=b2, weight_decay=weight_decay)
 
 
 def init_distill_state(params: dict, optimizers: dict, cfg: DistillConfig, seed: int):
-    """A fresh :class:`DistillState` at step 0.
+    """A fresh :class:`DistillState` at step 0 (``scorelib.training.TrainState.create``
+    with the student's EMA and ratio means 1).
 
     Args:
       params: ``{'student', 'fake', 'disc'}`` parameter states (copied).
@@ -172,29 +167,44 @@ def init_distill_state(params: dict, optimizers: dict, cfg: DistillConfig, seed:
       cfg: the :class:`DistillConfig` (for ``ratio_bins``).
       seed: the base key's seed.
 
-    Every leaf is committed to one device when some are (a teacher restored from a
-    checkpoint is, the fresh parts are not): the jitted step's cache key includes which
-    inputs are committed and its outputs all are, so a mixed state would compile the
-    step a second time at step 1.
+    Raises:
+      ValueError: naming ``params`` unless its keys (and the optimizers') are :data:`PARTS`.
     """
     require(set(params) == set(PARTS), "params", f"a dict with keys {PARTS}", sorted(params))
-    copy = lambda tree: jax.tree.map(lambda x: jnp.array(x, copy=True), tree)  # noqa: E731
-    params = {k: copy(params[k]) for k in PARTS}
-    state = DistillState(
-        params=params,
-        ema_params=copy(params["student"]),
-        opt_state={k: optimizers[k].init(params[k]) for k in PARTS},
+    return DistillState.create(
+        params,
+        optimizers,
+        seed,
+        ema_part="student",
         ratio_means=jnp.ones((cfg.ratio_bins,), jnp.float32),
-        step=jnp.zeros((), jnp.int32),
-        key=jax.random.key_data(jax.random.key(seed)),
-        n_skipped=jnp.zeros((), jnp.int32),
-        first_nonfinite=jnp.full((), -1, jnp.int32),
     )
-    concrete = [x for x in jax.tree.leaves(state) if not isinstance(x, jax.core.Tracer)]
-    devices = {d for x in concrete if getattr(x, "committed", False) for d in x.devices()}
-    if len(devices) == 1:
-        state = jax.device_put(state, devices.pop())
-    return state
+
+
+def check_distill_shapes(teacher, batch_fn, batch_size: int, data_shape) -> tuple[int, ...]:
+    """The entry checks of :func:`make_distill_step` on static shapes; returns ``data_shape``.
+
+    The teacher must take ``[batch, *data_shape]`` (its own ``data_shape`` when it has one)
+    and ``batch_fn(step)`` must give real ``[batch_size, *data_shape]`` data (read by
+    ``jax.eval_shape``: nothing is computed).
+
+    Raises:
+      ValueError: naming ``teacher`` (not a score source), ``data_shape`` (not a tuple of
+        sizes >= 1, or not the teacher's) or ``batch_fn(step)`` (another shape or dtype).
+    """
+    require(isinstance(teacher, ScoreSource), "teacher", "a scorelib ScoreSource", type(teacher))
+    try:
+        shape = tuple(int(s) for s in data_shape)
+    except (TypeError, ValueError):
+        shape = ()
+    require(bool(shape) and min(shape) >= 1, "data_shape", "a tuple of sizes >= 1", data_shape)
+    expected, note = teacher.expected_data_shape()
+    if expected is not None and shape != expected:
+        require(False, "data_shape", f"the teacher's {expected}{note_text(note)}", shape)
+    out = jax.eval_shape(batch_fn, jax.ShapeDtypeStruct((), jnp.int32))
+    check_array(
+        out, "batch_fn(step)", (batch_size, *shape), note=" ([trainer.batch_size, *data_shape])"
+    )
+    return shape
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,10 +223,6 @@ class Networks:
     disc: Any
     teacher_net: tuple | None
     sigma_data: float
-
-
-def _select(pred, new, old):
-    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
 
 
 def make_distill_step(
@@ -265,9 +271,9 @@ def make_distill_step(
       ``ratio_bin<k>`` (the per-bin means after the step).
     """
     check_int(batch_size, "trainer.batch_size", low=1)
+    B, shape = batch_size, check_distill_shapes(teacher, batch_fn, batch_size, data_shape)
     process = teacher.process
     sd = nets.sigma_data
-    B, shape = batch_size, tuple(data_shape)
 
     def per_example(x):
         """``x: [B, ...]`` laid out along the batch sharding (a no-op on one device)."""
@@ -359,24 +365,12 @@ def make_distill_step(
 
         sub = {k: state.params[k] for k in parts}
         (loss, (terms, diag, means)), grads = jax.value_and_grad(loss_fn, has_aux=True)(sub)
-        grad_norm = optax.tree.norm(grads)
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        params, opt_state = dict(state.params), dict(state.opt_state)
-        for k in parts:
-            upd, new_opt = optimizers[k].update(grads[k], state.opt_state[k], state.params[k])
-            params[k] = _select(finite, optax.apply_updates(state.params[k], upd), state.params[k])
-            opt_state[k] = _select(finite, new_opt, state.opt_state[k])
         beta = ema.beta(state.step)
-        if parts == ("student",):
-            ema_params = _select(
-                finite, ema_update(state.ema_params, params["student"], beta), state.ema_params
-            )
-            ratio_means = jnp.where(finite, means, state.ratio_means)
-        else:
-            ema_params, ratio_means = state.ema_params, state.ratio_means
-        new = state.replace(
-            params=params, opt_state=opt_state, ema_params=ema_params, ratio_means=ratio_means
+        new, grad_norm, finite = apply_update(
+            state, loss, grads, optimizers, ema_beta=beta, ema_part="student"
         )
+        if parts == ("student",):
+            new = new.replace(ratio_means=jnp.where(finite, means, state.ratio_means))
         out = dict(
             terms,
             **diag,
@@ -390,15 +384,7 @@ def make_distill_step(
 
     def finish(state: DistillState, new: DistillState, out: dict):
         """Advance the step counter, record a non-finite step, collect the metrics."""
-        i = state.step
-        finite = out["finite"]
-        new = new.replace(
-            step=i + 1,
-            n_skipped=state.n_skipped + (~finite).astype(jnp.int32),
-            first_nonfinite=jnp.where(
-                (state.first_nonfinite < 0) & ~finite, i, state.first_nonfinite
-            ),
-        )
+        new = advance(state, new, out["finite"])
         metrics = {k: jnp.asarray(v, jnp.float32) for k, v in out.items()}
         for k in range(cfg.ratio_bins):
             metrics[f"ratio_bin{k}"] = new.ratio_means[k]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from scorelib._checks import check_int
+from scorelib._checks import check_array, check_int
 
 
 def gaussian_baseline(train: np.ndarray, n: int, *, seed: int) -> np.ndarray:
@@ -30,6 +30,7 @@ def gaussian_baseline(train: np.ndarray, n: int, *, seed: int) -> np.ndarray:
     """
     n = check_int(n, "n", low=1)
     seed = check_int(seed, "seed", low=0)
+    check_array(train, "train", ("m", "*shape"))
     train = np.asarray(train)
     if train.ndim < 2 or train.shape[0] < 2:
         raise ValueError(f"train must be [m, *shape] with m >= 2; got shape {train.shape}")

@@ -22,11 +22,20 @@ test accuracy 98 to 99.7 %. For the MNIST subset (:func:`mnist_subset_config`,
 (ratio 111; its former 128-d penultimate features 11.6 / 225, ratio 19).
 ``feature_layer="hidden"`` keeps the penultimate layer.
 
-Caching: the trained parameters are stored in ``cache_dir`` under a file name that
-hashes the whole config; a missing or unreadable file means "train and write it"
-(written atomically with :func:`scorelib._io.atomic_savez`). The library takes
-``cache_dir`` from the caller; :func:`default_cache_dir` is the documented default
-for entry points to call with ``os.environ``.
+Bundled weights: the default digits and MNIST-subset classifiers ship with the library
+(``scorelib/metrics/classifier_weights/``, each file's SHA-256 in :data:`BUNDLED`), as
+FID fixes its Inception weights: JAX on another CPU compiles the training steps to other
+instructions, the float rounding differs, and a classifier trained there gives another
+FD. With the bundled weights FD_digits and the feature two-sample test are the same
+numbers on every machine. They are retrained only on request (``retrain=True``, into the
+cache; :func:`write_bundled` rewrites the bundled files, a maintainer's step).
+
+Caching (configs without bundled weights, or ``retrain=True``): the trained parameters are
+stored in ``cache_dir`` under a file name that hashes the whole config; a missing or
+unreadable file means "train and write it" (written atomically with
+:func:`scorelib._io.atomic_savez`). The library takes ``cache_dir`` from the caller;
+:func:`default_cache_dir` is the documented default for entry points to call with
+``os.environ``.
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 import time
 import warnings
 from collections.abc import Mapping
@@ -52,6 +63,18 @@ from scorelib.data.images import ImageDataset, load_digits, load_mnist_subset
 from scorelib.metrics.frechet import fd_features
 
 _FORMAT_VERSION = 1
+#: Where the bundled classifier weights live (package data).
+BUNDLED_DIR = Path(__file__).resolve().parent / "classifier_weights"
+#: ``cache_name() -> sha256`` of the bundled weights of the default configs
+#: (``ClassifierConfig()`` and ``mnist_subset_config()``); written by :func:`write_bundled`.
+BUNDLED: dict[str, str] = {
+    "digits-116092d9df8cb652.npz": (
+        "5bf62f69ab94651bfc649e25f4eef61b323ab32b58ff4a032fc0525a7911f9bc"
+    ),
+    "mnist_subset-655e67195d52faac.npz": (
+        "655e494dce294c4ebd25b7d8fb982fa2bfffb5093c3b0a6d0bda150d946a35c7"
+    ),
+}
 _LOADERS = {"digits": load_digits, "mnist_subset": load_mnist_subset}
 _FEATURE_LAYERS = ("logits", "hidden")
 
@@ -290,19 +313,62 @@ def _load(path: Path, config: ClassifierConfig, in_shape):
         return None
 
 
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 hex digest of a file's bytes."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def bundled_path(config: ClassifierConfig) -> Path | None:
+    """The bundled weights of ``config`` (``None`` when the library ships none for it).
+
+    Raises:
+      ValueError: the file is missing or its SHA-256 differs from :data:`BUNDLED`'s.
+    """
+    name = config.cache_name()
+    if name not in BUNDLED:
+        return None
+    path = BUNDLED_DIR / name
+    if not path.is_file() or file_sha256(path) != BUNDLED[name]:
+        raise ValueError(
+            f"the bundled classifier weights {path} are missing or damaged (SHA-256 is not "
+            f"{BUNDLED[name]}): reinstall scorelib, or pass retrain=True to train your own"
+        )
+    return path
+
+
+def write_bundled(configs=None, out_dir: str | os.PathLike = BUNDLED_DIR) -> dict[str, str]:
+    """Train the default classifiers (``ClassifierConfig()``, ``mnist_subset_config()``) and
+    write them to ``out_dir``; returns ``{file name: sha256}`` for :data:`BUNDLED`.
+
+    A maintainer's step (the weights then change every FD_digits/FD_mnist number):
+    ``python -c "from scorelib.metrics.classifier import write_bundled; print(write_bundled())"``.
+    """
+    configs = configs or [ClassifierConfig(), mnist_subset_config()]
+    out = {}
+    for config in configs:
+        with tempfile.TemporaryDirectory() as tmp:
+            FeatureExtractor.load_or_train(config, tmp, retrain=True)
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            dest = Path(out_dir) / config.cache_name()
+            shutil.copyfile(Path(tmp) / config.cache_name(), dest)
+            out[dest.name] = file_sha256(dest)
+    return out
+
+
 class FeatureExtractor:
     """Features of a trained :class:`CNN` (its logits or its penultimate layer, as
     ``config.feature_layer`` says), and FD between image sets.
 
     Build with :meth:`load_or_train`. ``info`` holds ``test_accuracy`` and
-    ``train_time_s`` (of the original training run), and ``cached`` whether the
-    parameters came from the cache.
+    ``train_time_s`` (of the original training run), ``cached`` whether the parameters
+    were loaded rather than trained, ``bundled`` whether they are the library's own.
     """
 
     def __init__(self, model: CNN, config: ClassifierConfig, info=None, cached=False):
         self.config = config
         self.info = dict(info or {})
         self.cached = cached
+        self.bundled = False
         self._graphdef, self._params = nnx.split(model, nnx.Param)
         self.input_shape = None
 
@@ -321,21 +387,32 @@ class FeatureExtractor:
         config: ClassifierConfig,
         cache_dir: str | os.PathLike,
         dataset: ImageDataset | None = None,
+        *,
+        retrain: bool = False,
     ) -> FeatureExtractor:
-        """Load the classifier of ``config`` from ``cache_dir``, training it if missing.
+        """The classifier of ``config``: its bundled weights when the library ships them
+        (:data:`BUNDLED`), else the one cached in ``cache_dir``, trained and cached if
+        missing.
 
         Args:
-          config: the classifier config (its hash names the cache file).
+          config: the classifier config (its hash names the bundled and cached files).
           cache_dir: directory of cached classifiers (see :func:`default_cache_dir`).
           dataset: the data set named by ``config`` (loaded with the config's split
             when ``None``; must be that split when given).
+          retrain: ignore the bundled weights and use (or train) the cached ones.
+
+        Raises:
+          ValueError: a bundled file whose SHA-256 is not the recorded one (damaged).
         """
-        path = Path(cache_dir) / config.cache_name()
         if dataset is None:
             dataset = _LOADERS[config.dataset](
                 test_fraction=config.test_fraction, seed=config.split_seed
             )
+        bundled = None if retrain else bundled_path(config)
+        path = bundled or Path(cache_dir) / config.cache_name()
         loaded = _load(path, config, dataset.data_shape)
+        if bundled is not None and loaded is None:
+            raise ValueError(f"the bundled classifier {bundled} cannot be loaded")
         if loaded is not None:
             ext = cls(loaded[0], config, loaded[1], cached=True)
         else:
@@ -347,6 +424,7 @@ class FeatureExtractor:
             atomic_savez(path, **arrays)
             ext = cls(model, config, info, cached=False)
         ext.input_shape = dataset.data_shape
+        ext.bundled = bundled is not None
         return ext
 
     def _run(self, images, batch_size: int = 500):

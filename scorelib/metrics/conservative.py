@@ -28,6 +28,7 @@ import numpy as np
 
 from scorelib._checks import check_choice, check_int
 from scorelib.metrics.score_error import noisy_samples, padded_chunks
+from scorelib.scores.base import check_examples
 from scorelib.scores.jacobian import FORMS, PROBE_NOISES, example_probes, jacobian_asymmetry
 
 Array = Any
@@ -106,6 +107,7 @@ def score_asymmetry(
         noise = check_choice("rademacher" if noise is None else noise, "noise", PROBE_NOISES)
         form = check_choice("skew" if form is None else form, "form", FORMS)
     first_index = check_int(first_index, "first_index", low=0)
+    check_examples(source, x0, "x0")
     asym, frob = [], []
     for start, stop, xb, tb in padded_chunks(x0, t, batch_size):
         a, f = _chunk(

@@ -1,7 +1,8 @@
 """Sample-based distances between two point clouds: SW2, energy distance, RBF-MMD.
 
-All take ``x: [n, *shape]`` and ``y: [m, *shape]`` (flattened to ``[n, d]``) and are
-computed on the host in float64 numpy, in row blocks so that memory stays
+All take ``x: [n, *shape]`` and ``y: [m, *shape]``, real arrays with one example shape
+(else a ``ValueError`` naming the argument, its shape and the expected one), flattened to
+``[n, d]``, and are computed on the host in float64 numpy, in row blocks so that memory stays
 ``O(block * m)``. They return Python floats in the data's units (squared units
 where stated).
 """
@@ -10,20 +11,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from scorelib._checks import check_array, check_example_sets, check_int
+
 _BLOCK = 1024
 
 
-def _as_2d(x, y):
+def _as_2d(x, y, fields=("x", "y")):
+    """``x: [n, *shape]``, ``y: [m, *shape]`` as float64 ``[n, d]``, ``[m, d]`` (checked:
+    :func:`scorelib._checks.check_example_sets` naming ``fields``, and finite)."""
+    check_example_sets(x, y, fields)
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
-    if x.ndim < 1 or y.ndim < 1 or x.shape[0] < 1 or y.shape[0] < 1:
-        raise ValueError(f"x and y must be non-empty [n, ...] arrays; got {x.shape}, {y.shape}")
     x = x.reshape(x.shape[0], -1)
     y = y.reshape(y.shape[0], -1)
-    if x.shape[1] != y.shape[1]:
-        raise ValueError(f"x and y have different example sizes: {x.shape[1]} vs {y.shape[1]}")
     if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
-        raise ValueError("x and y must be finite")
+        raise ValueError(f"{fields[0]} and {fields[1]} must be finite")
     return x, y
 
 
@@ -45,7 +47,7 @@ def squared_distances(a, b) -> np.ndarray:
     Raises:
       ValueError: for empty, non-finite or mismatched inputs.
     """
-    a, b = _as_2d(a, b)
+    a, b = _as_2d(a, b, ("a", "b"))
     na, nb = (a * a).sum(1)[:, None], (b * b).sum(1)[None, :]
     d2 = na + nb - 2.0 * a @ b.T
     i, j = np.nonzero(d2 <= 1e-8 * (na + nb))
@@ -74,11 +76,16 @@ def wasserstein2_1d(u, v) -> float:
     ``{i/n} U {j/m}``; sizes may differ.
 
     Args:
-      u: ``[n]``; v: ``[m]``.
+      u: ``[n]``; v: ``[m]`` (``n, m >= 1``).
 
     Returns:
       squared W2 (squared data units).
+
+    Raises:
+      ValueError: naming ``u`` or ``v`` when it is not a real 1-D array.
     """
+    check_array(u, "u", ("n",))
+    check_array(v, "v", ("m",))
     u = np.sort(np.asarray(u, dtype=np.float64))
     v = np.sort(np.asarray(v, dtype=np.float64))
     return float(_w2sq_sorted(u[:, None], v[:, None])[0])
@@ -121,8 +128,7 @@ def sliced_wasserstein2(x, y, *, n_projections: int = 256, seed: int = 0) -> flo
     """
     x, y = _as_2d(x, y)
     d = x.shape[1]
-    if n_projections < 1:
-        raise ValueError(f"n_projections must be >= 1; got {n_projections}")
+    check_int(n_projections, "n_projections", low=1)
     if d == 1:
         theta = np.ones((1, 1))
     else:
@@ -228,10 +234,10 @@ def mean_paired_distance(x, y) -> float:
     Raises:
       ValueError: for empty or mismatched inputs.
     """
+    sizes = check_array(x, "x", ("n", "*shape"))
+    check_array(y, "y", ("n", "*shape"), sizes=sizes, note=" (the shape of x)")
     x = np.asarray(x, np.float64)
     y = np.asarray(y, np.float64)
-    if x.shape != y.shape or x.ndim < 1 or x.shape[0] < 1:
-        raise ValueError(f"x and y must both be [n >= 1, *shape]; got {x.shape} and {y.shape}")
     diff = (x - y).reshape(x.shape[0], -1)
     return float(np.mean(np.sqrt(np.sum(diff**2, axis=1))))
 
@@ -250,6 +256,7 @@ def sample_distances(samples, reference, *, n_projections: int = 256, seed: int 
     Raises:
       ValueError: as :func:`energy_distance` for a bad ``reference`` or mismatched shapes.
     """
+    check_example_sets(samples, reference, ("samples", "reference"))
     x = np.asarray(samples, dtype=np.float64)
     if not np.all(np.isfinite(x)):
         return {"energy": float("nan"), "sw2": float("nan")}

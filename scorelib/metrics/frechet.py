@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from scorelib._checks import check_example_sets, check_real_dtype, check_shape
+
 
 def _clip_eigs(w: np.ndarray) -> np.ndarray:
     """Eigenvalues of a PSD matrix with round-off removed: values below
@@ -28,6 +30,8 @@ def _psd_sqrt(c: np.ndarray) -> np.ndarray:
 
 
 def _check_stats(mu, cov, which):
+    check_real_dtype(mu, f"mu{which}")
+    check_real_dtype(cov, f"cov{which}")
     mu = np.asarray(mu, dtype=np.float64)
     cov = np.asarray(cov, dtype=np.float64)
     if mu.ndim != 1 or cov.shape != (mu.shape[0], mu.shape[0]):
@@ -60,8 +64,7 @@ def frechet_distance(mu1, cov1, mu2, cov2) -> float:
     """
     mu1, cov1 = _check_stats(mu1, cov1, 1)
     mu2, cov2 = _check_stats(mu2, cov2, 2)
-    if mu1.shape != mu2.shape:
-        raise ValueError(f"dimension mismatch: {mu1.shape[0]} vs {mu2.shape[0]}")
+    check_shape(mu2, "mu2", mu1.shape, note=" (the shape of mu1)")
     s1 = _psd_sqrt(cov1)
     m = s1 @ cov2 @ s1
     w = np.linalg.eigvalsh(0.5 * (m + m.T))
@@ -76,6 +79,7 @@ def gaussian_stats(features) -> tuple[np.ndarray, np.ndarray]:
     Raises:
       ValueError: if ``features`` is not 2-D, has fewer than 2 rows, or is not finite.
     """
+    check_real_dtype(features, "features")
     f = np.asarray(features, dtype=np.float64)
     if f.ndim != 2 or f.shape[0] < 2:
         raise ValueError(f"features must be [n >= 2, f]; got shape {f.shape}")
@@ -90,8 +94,10 @@ def fd_features(a, b) -> float:
     """Fréchet distance between Gaussians fitted to two feature sets ``a: [n, f]``, ``b: [m, f]``.
 
     Raises:
-      ValueError: as :func:`gaussian_stats` and :func:`frechet_distance`.
+      ValueError: naming ``a`` or ``b`` (``b`` must have ``a``'s ``f``), as
+        :func:`gaussian_stats` and :func:`frechet_distance`.
     """
+    check_example_sets(a, b, ("a", "b"))
     return frechet_distance(*gaussian_stats(a), *gaussian_stats(b))
 
 
@@ -120,6 +126,7 @@ def fd_floor(train_features, ref_features, n: int, *, draws: int = 5, seed: int 
     """
     if n < 2 or draws < 1:
         raise ValueError(f"fd_floor needs n >= 2 and draws >= 1; got n={n}, draws={draws}")
+    check_example_sets(train_features, ref_features, ("train_features", "ref_features"))
     train = np.asarray(train_features)  # rows are converted to float64 once drawn
     if train.ndim != 2 or train.shape[0] < 1:
         raise ValueError(f"train_features must be [m >= 1, f]; got shape {train.shape}")

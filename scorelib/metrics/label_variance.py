@@ -33,9 +33,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scorelib._checks import require
+from scorelib._checks import check_time, require
 from scorelib.keys import example_keys
 from scorelib.objectives import label_residuals
+from scorelib.scores.base import check_examples
 
 Array = Any
 
@@ -92,7 +93,8 @@ def label_variance(
 
     Raises:
       ValueError: for no objectives, objectives with different processes or targets,
-        ``x0`` not ``[n >= 2, d]``, or ``t`` neither a scalar nor ``[n]``.
+        ``x0`` not real ``[n >= 2, d]`` with ``truth``'s ``d``, or ``t`` neither a scalar
+        nor ``[n]``.
 
     Source: De Bortoli et al., "Target score matching", arXiv 2402.08667 (2024) (the DSM
     and TSM labels); the Gaussian closed forms are derived in this module's docstring.
@@ -106,10 +108,10 @@ def label_variance(
             "an objective with the same process and target as the others",
             obj,
         )
+    n = check_examples(truth, x0, "x0")
+    require(np.ndim(x0) == 2 and n >= 2, "x0", "[n >= 2, d]", np.shape(x0))
+    check_time(t, "t", n)
     x0 = jnp.asarray(x0)
-    require(x0.ndim == 2 and x0.shape[0] >= 2, "x0", "[n >= 2, d]", x0.shape)
-    n = x0.shape[0]
     t = jnp.asarray(t, x0.dtype)
-    require(t.ndim == 0 or t.shape == (n,), "t", f"a scalar or [n]=({n},)", t.shape)
     per, pure = _residuals(dict(objectives), truth, x0, jnp.broadcast_to(t, (n,)), key, first_index)
     return {k: _stats(v) for k, v in per.items()}, {k: _stats(v) for k, v in pure.items()}

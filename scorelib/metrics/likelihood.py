@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scorelib._checks import check_choice, check_int, check_real
+from scorelib._checks import check_array, check_choice, check_int, check_real
 from scorelib.data.images import level_spacing, quantise, uniform_dequantise
 from scorelib.divergence import (  # their home (scorelib/divergence.py)
     PROBE_NOISES,
@@ -50,6 +50,7 @@ from scorelib.divergence import (  # their home (scorelib/divergence.py)
 )
 from scorelib.keys import example_keys
 from scorelib.processes.base import Process
+from scorelib.scores.base import check_examples
 
 Array = Any
 
@@ -92,14 +93,17 @@ def pf_ode_log_likelihood(
       first_index: the index of example 0 within the whole data set (an int >= 0).
 
     Returns:
-      ``(logp, info)``: ``logp`` ``[batch]`` float32 nats (summed over the ``d`` coordinates),
+      ``(logp, info)``: ``logp`` ``[batch]`` nats (summed over the ``d`` coordinates; float32,
+      or float64 when x64 is enabled: the ODE is solved in :func:`state_dtype`),
       ``info`` a dict of ``[batch]`` arrays: ``num_steps`` (solver steps, rejected included)
       and ``prior_logp`` (the prior term; ``logp - prior_logp`` is the divergence integral).
 
     Raises:
       ValueError: naming the option (``divergence``, ``probes``, ``noise``, ``rtol``, ``atol``,
         ``max_steps``) before any compute; an option the chosen divergence does not use
-        (``probes``/``noise`` with ``'exact'``) is refused.
+        (``probes``/``noise`` with ``'exact'``) is refused; naming ``source`` (not a score
+        source) or ``x`` (not real, or not ``[batch, *data_shape]`` with the source's
+        ``data_shape``, which the message gives).
 
     Reference: Song et al. 2021, eq. 13 and Sec. 4.3; Chen et al. 2018, Thm. 1.
     """
@@ -118,13 +122,19 @@ def pf_ode_log_likelihood(
     atol = check_real(atol, "atol", low=0.0, high=1.0, low_open=True, high_open=True)
     max_steps = check_int(max_steps, "max_steps", low=1)
     first_index = check_int(first_index, "first_index", low=0)
+    check_examples(source, x, "x")
     process: Process = source.process
-    x = jnp.asarray(x, jnp.float32)
-    if x.ndim < 2:
-        raise ValueError(f"x must be [batch, *data_shape]; got shape {x.shape}")
+    x = jnp.asarray(x, state_dtype())
     prior = process.prior_logp if prior_logp is None else prior_logp
     keys = example_keys(key, x.shape[0], first_index)
     return _solve(source, x, keys, divergence, probes, noise, rtol, atol, max_steps, prior)
+
+
+def state_dtype():
+    """The ODE state's dtype: float32, or float64 when x64 is enabled (diffrax carries the
+    state in the dtype of its times, which follow x64; the probes, the divergence
+    accumulator and the times are all put in this one dtype)."""
+    return jax.dtypes.canonicalize_dtype(np.float64)
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7, 8, 9))
@@ -152,10 +162,10 @@ def _solve(source, x, keys, divergence, probes, noise, rtol, atol, max_steps, pr
         sol = diffrax.diffeqsolve(
             diffrax.ODETerm(field),
             diffrax.Tsit5(),
-            t0=process.t_min,
-            t1=process.t_max,
+            t0=jnp.asarray(process.t_min, x.dtype),
+            t1=jnp.asarray(process.t_max, x.dtype),
             dt0=None,
-            y0=(jnp.reshape(xb, (d,)), jnp.zeros((), jnp.float32)),
+            y0=(jnp.reshape(xb, (d,)), jnp.zeros((), x.dtype)),
             stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
             max_steps=max_steps,
         )
@@ -196,9 +206,8 @@ def dequantise(
     """
     delta = level_spacing(levels, low, high)
     first_index = check_int(first_index, "first_index", low=0)
+    check_array(x, "x", ("batch", "*data_shape"))
     x = np.asarray(x, np.float32)
-    if x.ndim < 2:
-        raise ValueError(f"x must be [batch, *data_shape]; got shape {x.shape}")
     on = quantise(x, levels, low=low, high=high)
     off = np.abs(on - x) > 1e-3 * delta
     if np.any(off):

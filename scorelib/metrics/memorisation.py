@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from scorelib._checks import check_int
+from scorelib._checks import check_array, check_arrays, check_example_sets, check_int
 from scorelib.metrics.distances import squared_distances
 
 
@@ -33,12 +33,9 @@ def nearest_neighbours(samples, train, *, k: int = 1, block_size: int = 256, exc
     Raises:
       ValueError: for empty or mismatched inputs, or an impossible ``k``.
     """
+    check_example_sets(samples, train, ("samples", "train"))
     s = np.asarray(samples)
     t = np.asarray(train)
-    if s.ndim < 1 or t.ndim < 1 or s.shape[0] < 1 or t.shape[0] < 1:
-        raise ValueError(f"samples and train must be non-empty; got {s.shape}, {t.shape}")
-    if s.shape[1:] != t.shape[1:]:
-        raise ValueError(f"example shapes differ: {s.shape[1:]} vs {t.shape[1:]}")
     if exclude_self and s.shape[0] != t.shape[0]:
         raise ValueError("exclude_self needs samples to be the training set")
     m = t.shape[0] - (1 if exclude_self else 0)
@@ -113,6 +110,9 @@ def memorisation_stats(
       ValueError: for mismatched shapes, a training set of fewer than 3 images or a
         ``copy_fraction`` outside ``(0, 1/2]``.
     """
+    check_example_sets(samples, train, ("samples", "train"))
+    if reference is not None:
+        check_example_sets(train, reference, ("train", "reference"))
     t = np.asarray(train)
     if t.shape[0] < 3:
         raise ValueError(f"train needs at least 3 images; got {t.shape[0]}")
@@ -151,7 +151,13 @@ def copy_rate(nn_dist, nn_idx, train_loo, copy_fraction: float = 1.0 / 3.0) -> f
 
     A sample at distance 0 counts as a copy even on an image duplicated in the training
     set (where ``train_loo`` is 0 and nothing is strictly closer).
+
+    Raises:
+      ValueError: naming ``nn_dist``, ``nn_idx`` or ``train_loo`` unless they are 1-D and
+        ``nn_dist`` and ``nn_idx`` of one length.
     """
+    check_arrays(("n",), nn_dist=nn_dist, nn_idx=nn_idx)
+    check_array(train_loo, "train_loo", ("m",))
     d = np.asarray(nn_dist)
     thr = copy_fraction * np.asarray(train_loo)[np.asarray(nn_idx)]
     return float(np.mean((d < thr) | (d == 0)))

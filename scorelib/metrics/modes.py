@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from scorelib._checks import check_real, require
+from scorelib._checks import check_real, check_real_dtype, require
 
 
 def mode_statistics(
@@ -45,6 +45,7 @@ def mode_statistics(
     """
     check_real(radius, "radius", low=0.0, low_open=True)
     check_real(min_fraction, "min_fraction", low=0.0, low_open=True, high=1.0)
+    check_real_dtype(samples, "samples")
     x = np.asarray(samples, np.float64)
     K, d = np.asarray(target.means).shape
     require(
@@ -113,6 +114,7 @@ def well_mode_statistics(samples: Any, target: Any) -> dict:
       ValueError: a non-finite or mis-shaped ``samples``; naming ``target`` for a target
         with more than 16 wells or a single-mode well.
     """
+    check_real_dtype(samples, "samples")
     x = np.asarray(samples, np.float64)
     d = int(target.dim)
     require(

@@ -36,9 +36,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scorelib._checks import check_choice, check_int, require
+from scorelib._checks import check_array, check_choice, check_int, check_real_dtype, require
 from scorelib.processes.base import broadcast_to_data
-from scorelib.scores.base import flatten
+from scorelib.scores.base import check_examples, flatten
 
 Array = Any
 
@@ -106,14 +106,15 @@ def score_norms(source, x: Array, sigmas, *, batch_size: int | None = None) -> n
       ``[n, L]`` float64 norms ``||s_ve(x; sigma_l)||_2`` (units 1 / data).
 
     Raises:
-      ValueError: naming ``sigmas`` (as :func:`check_sigmas`), ``x`` (no batch axis or
-        non-finite values) or ``batch_size``.
+      ValueError: naming ``sigmas`` (as :func:`check_sigmas`), ``x`` (not real ``[n,
+        *data_shape]`` with the source's ``data_shape``, or non-finite values) or
+        ``batch_size``.
 
     Source: Mahmood et al., ICLR 2021, eq. 5.
     """
     s = check_sigmas(sigmas, source.process)
+    check_examples(source, x, "x")
     x = np.asarray(x, np.float32)
-    require(x.ndim >= 2 and x.shape[0] >= 1, "x", "[n >= 1, *data_shape]", x.shape)
     require(bool(np.all(np.isfinite(x))), "x", "finite", "non-finite values")
     n = x.shape[0]
     bs = min(n, n if batch_size is None else check_int(batch_size, "batch_size", low=1))
@@ -147,6 +148,7 @@ class NormDensity:
 
 
 def _check_features(norms, name: str, levels: int | None = None) -> np.ndarray:
+    check_real_dtype(norms, name)
     a = np.asarray(norms, np.float64)
     want = "[n, L]" if levels is None else f"[n, L={levels}]"
     ok = a.ndim == 2 and a.shape[0] >= 1 and (levels is None or a.shape[1] == levels)
@@ -223,8 +225,8 @@ def auroc(scores_in: Array, scores_out: Array) -> float:
 
     arrays = []
     for name, v in (("scores_in", scores_in), ("scores_out", scores_out)):
+        check_array(v, name, ("n",))
         a = np.asarray(v, np.float64)
-        require(a.ndim == 1 and a.size >= 1, name, "a non-empty 1-D array", a.shape)
         require(bool(np.all(np.isfinite(a))), name, "finite", "non-finite values")
         arrays.append(a)
     s_in, s_out = arrays

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from scorelib._checks import check_int
+from scorelib._checks import check_array, check_example_sets, check_int
 from scorelib.metrics.distances import squared_distances
 
 
@@ -51,8 +51,9 @@ def knn_radii(x, *, k: int = 3, block_size: int = 256) -> np.ndarray:
     Raises:
       ValueError: unless ``1 <= k <= n - 1``; for non-finite ``x``.
     """
+    check_array(x, "x", ("n", "*shape"))
     x = np.asarray(x)
-    if x.ndim < 2 or x.shape[0] < 2:
+    if x.shape[0] < 2:
         raise ValueError(f"x must be [n >= 2, *shape]; got {x.shape}")
     k = check_int(k, "k", low=1, high=x.shape[0] - 1)
     block_size = check_int(block_size, "block_size", low=1)
@@ -79,13 +80,9 @@ def precision_recall(real, fake, *, k: int = 3, block_size: int = 256) -> dict:
 
     Reference: Kynkäänniemi et al. 2019, Sec. 3, Eq. 1-2.
     """
+    check_example_sets(real, fake, ("real", "fake"))
     real = np.asarray(real)
     fake = np.asarray(fake)
-    if real.ndim < 2 or fake.ndim < 2 or real.shape[1:] != fake.shape[1:]:
-        raise ValueError(
-            f"real and fake must be [n, *shape] with one example shape; "
-            f"got {real.shape} and {fake.shape}"
-        )
     k = check_int(k, "k", low=1, high=max(1, min(real.shape[0], fake.shape[0]) - 1))
     block_size = check_int(block_size, "block_size", low=1)
     real_r2 = _knn_sq_radii(real, k, block_size)

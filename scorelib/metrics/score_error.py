@@ -39,10 +39,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scorelib._checks import check_int, require
+from scorelib._checks import check_array, check_int, check_time, require
 from scorelib.keys import example_keys
 from scorelib.scores.base import (
     ScoreSource,
+    check_examples,
     denoiser_from_score,
     flatten,
     score_from_denoiser,
@@ -71,10 +72,11 @@ def noisy_samples(process, x0: Array, t: Array, key: jax.Array, *, first_index: 
       ``[batch, *data_shape]`` noisy points, dtype of ``x0``.
 
     Raises:
-      ValueError: if ``x0`` has no batch axis or ``t`` is neither a scalar nor ``[batch]``.
+      ValueError: if ``x0`` is not real ``[batch, *data_shape]`` or ``t`` is neither a
+        real scalar nor ``[batch]``.
     """
+    check_time(t, "t", check_array(x0, "x0", ("batch", "*data_shape"))["batch"])
     x0 = jnp.asarray(x0)
-    require(x0.ndim >= 1 and x0.shape[0] >= 1, "x0", "[batch >= 1, *data_shape]", x0.shape)
     keys = example_keys(key, x0.shape[0], first_index)
     eps = jax.vmap(lambda k: jax.random.normal(k, x0.shape[1:], x0.dtype))(keys)
     return process.marginal_sample(x0, t, eps)
@@ -143,11 +145,10 @@ def padded_chunks(x0: Array, t: Array, batch_size: int | None):
     Raises:
       ValueError: naming ``x0``, ``t`` or ``batch_size``, before the first chunk.
     """
+    n = check_array(x0, "x0", ("batch", "*data_shape"))["batch"]
+    check_time(t, "t", n)
     x0 = jnp.asarray(x0)
-    require(x0.ndim >= 2 and x0.shape[0] >= 1, "x0", "[batch >= 1, *data_shape]", x0.shape)
-    n = x0.shape[0]
     t = jnp.asarray(t, x0.dtype)
-    require(t.ndim == 0 or t.shape == (n,), "t", f"a scalar or [batch]=({n},)", t.shape)
     t = jnp.broadcast_to(t, (n,))
     bs = min(n, n if batch_size is None else check_int(batch_size, "batch_size", low=1))
     return _chunks(x0, t, n, bs)
@@ -164,8 +165,10 @@ def _chunks(x0, t, n, bs):
 def _pooled(sources: dict, reference, x0, t, key, *, spaces, stacked, batch_size, first_index):
     """``({name: {space: sum of squared differences (float64, scalar or [m])}},
     {space: reference outputs [n, d] float64})``."""
+    check_examples(reference, x0, "x0")
     for name, src in sources.items():
         _check_source(name, src, reference, stacked)
+        check_examples(src, x0, "x0")
     diffs = {name: {space: [] for space in spaces} for name in sources}
     refs = {space: [] for space in spaces}
     for start, stop, xb, tb in padded_chunks(x0, t, batch_size):
@@ -228,7 +231,8 @@ def relative_score_error(
 
     Raises:
       ValueError: for sources under different processes, a ``stacked`` source without a
-        common leading axis, a bad ``x0``/``t`` shape or ``batch_size``.
+        common leading axis, ``x0`` not real ``[n, *data_shape]`` with the sources'
+        ``data_shape`` (the message names both shapes), a bad ``t`` shape or ``batch_size``.
 
     Source: De Bortoli, Hutchinson, Wirnsberger, Doucet, "Target score matching", arXiv
     2402.08667 (2024) (score error of DSM vs TSM per noise level; normalised here).

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from scorelib._checks import require
+from scorelib._checks import check_example_sets, require
 
 
 def exact_w2(x, y) -> float:
@@ -19,14 +19,12 @@ def exact_w2(x, y) -> float:
     ``y: [m, *shape]``, uniform weights.
 
     Raises:
-      ValueError: for empty sets, other sample shapes, or non-finite values.
+      ValueError: naming ``x`` or ``y`` (not real ``[n, *shape]``, or another example
+        shape than ``x``'s), or for non-finite values.
     """
+    check_example_sets(x, y)
     a = np.asarray(x, np.float64).reshape(len(x), -1)
     b = np.asarray(y, np.float64).reshape(len(y), -1)
-    require(len(a) >= 1 and len(b) >= 1, "samples", "non-empty", (len(a), len(b)))
-    require(
-        a.shape[1] == b.shape[1], "samples", f"of the reference's shape {b.shape[1:]}", a.shape[1:]
-    )
     require(
         bool(np.all(np.isfinite(a)) and np.all(np.isfinite(b))), "samples", "finite", "NaN or inf"
     )

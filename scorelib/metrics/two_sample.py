@@ -20,7 +20,7 @@ import math
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from scorelib._checks import check_int
+from scorelib._checks import check_example_sets, check_int
 
 
 def default_classifier(seed: int = 0):
@@ -78,9 +78,10 @@ def c2st(a, b, *, folds: int = 5, seed: int = 0, classifier=None) -> dict:
     from sklearn.base import clone
     from sklearn.model_selection import StratifiedKFold, cross_val_predict
 
+    check_example_sets(a, b, ("a", "b"))
     a = np.asarray(a)
     b = np.asarray(b)
-    if a.ndim < 2 or b.ndim < 2 or a.shape[0] < 2:
+    if a.shape[0] < 2:
         raise ValueError(f"a and b must be [n >= 2, *shape]; got {a.shape} and {b.shape}")
     if a.shape != b.shape:
         raise ValueError(

@@ -16,7 +16,8 @@
   the log-normal almost never draws but a sampler visits (EDM's grid starts at
   ``sigma_max = 80``, where the default log-normal has density ~1e-6).
 
-The weights live in ``scorelib/objectives/weights.py``.
+The weights live in ``scorelib/objectives/weights.py``; the noise-level draws
+(:func:`log_normal_sigma`, :func:`edm_sigma`) in ``scorelib/processes/noise_levels.py``.
 """
 
 from __future__ import annotations
@@ -24,14 +25,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import jax.numpy as jnp
-from jax.scipy.special import ndtri
-
 from scorelib._checks import check_choice, check_real, require
 from scorelib._pytree import static_pytree
 from scorelib.objectives.base import REDUCTIONS, Objective, example_draws, reduce_per_example
 from scorelib.objectives.weights import DSM_WEIGHTINGS, dsm_weight, edm_weight
 from scorelib.processes.base import Process, broadcast_to_data
+from scorelib.processes.noise_levels import edm_sigma, log_normal_sigma
 
 
 def check_t_range(t_range, process: Process) -> tuple[float, float] | None:
@@ -115,40 +114,6 @@ class DSM(Objective):
         """``(x_t, t)`` of :meth:`example_losses` (:meth:`Objective.example_points`)."""
         t, _, xt = self._draws(x0, key)
         return xt, t
-
-
-_U_EDGE = 1e-7  # uniforms are clipped to [_U_EDGE, 1 - _U_EDGE] before Phi^{-1}
-
-
-def edm_sigma(u, *, P_mean: float, P_std: float, p_uniform: float = 0.0, sigma_range=None):
-    """Noise levels of the EDM loss from uniforms ``u`` in ``[0, 1)`` (inverse CDF).
-
-    The distribution is the mixture ``(1 - p_uniform) LogNormal(P_mean, P_std^2) +
-    p_uniform LogUniform(sigma_range)``: with ``p = p_uniform`` and ``(lo, hi) =
-    sigma_range``, ``u < p`` gives ``ln sigma = ln lo + (u / p) (ln hi - ln lo)`` and
-    ``u >= p`` gives ``ln sigma = P_mean + P_std Phi^{-1}((u - p) / (1 - p))``; each branch
-    receives a uniform of its own given the branch, so one uniform per example draws the
-    mixture exactly. ``p_uniform = 0`` is Karras et al.'s log-normal (eq. 8, Table 1).
-
-    Args:
-      u: uniforms in ``[0, 1)``, any shape (e.g. ``[batch]``).
-      P_mean, P_std: the log-normal's mean and std of ``ln sigma``.
-      p_uniform: the log-uniform share in ``[0, 1)``.
-      sigma_range: ``(lo, hi)`` VE-frame noise levels (data units) of the log-uniform
-        part, ``0 < lo < hi``; ignored when ``p_uniform = 0``.
-
-    Returns:
-      ``sigma`` of the shape of ``u`` (data units).
-    """
-    p = p_uniform
-    # Phi^{-1} of the log-normal branch's own uniform, kept off 0 and 1 (|z| <= 5.2)
-    z = ndtri(jnp.clip((u - p) / (1.0 - p), _U_EDGE, 1.0 - _U_EDGE))
-    log_normal = P_mean + P_std * z
-    if p == 0.0:
-        return jnp.exp(log_normal)
-    log_lo, log_hi = (math.log(float(v)) for v in sigma_range)
-    log_uniform = log_lo + (u / p) * (log_hi - log_lo)
-    return jnp.exp(jnp.where(u < p, log_uniform, log_normal))
 
 
 @static_pytree
@@ -240,7 +205,7 @@ class EDMLoss(Objective):
         p = self.process
         if self.p_uniform == 0.0:  # EDM's draws exactly (z ~ N(0, 1) from the example's key)
             z, n = example_draws(key, x0, "normal")
-            sigma = jnp.exp(self.P_mean + self.P_std * z)
+            sigma = log_normal_sigma(z, P_mean=self.P_mean, P_std=self.P_std)
         else:
             u, n = example_draws(key, x0, "uniform")
             sigma = edm_sigma(

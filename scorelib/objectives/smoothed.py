@@ -29,13 +29,13 @@ import math
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from flax import struct
 
 from scorelib._checks import check_choice, check_int, check_real, require
 from scorelib.objectives.base import REDUCTIONS, Objective, example_draws, reduce_per_example
 from scorelib.objectives.weights import edm_weight
 from scorelib.processes.base import broadcast_to_data
+from scorelib.processes.noise_levels import log_normal_sigma
 from scorelib.scores.smoothed import SmoothedScore
 
 Array = Any
@@ -107,7 +107,7 @@ class SmoothedScoreMatching(Objective, struct.PyTreeNode):
         ``fold_in(key, 0)``)."""
         p = self.teacher.process
         z, n = example_draws(jax.random.fold_in(key, 0), x0, "normal")
-        sigma = jnp.exp(self.P_mean + self.P_std * z)
+        sigma = log_normal_sigma(z, P_mean=self.P_mean, P_std=self.P_std)
         t = p.t_of_ve_sigma(sigma)
         return sigma, t, broadcast_to_data(p.alpha(t), x0) * (x0 + broadcast_to_data(sigma, x0) * n)
 

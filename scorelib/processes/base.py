@@ -34,7 +34,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from scorelib._checks import check_real
+from scorelib._checks import check_real, require
 
 Array = Any
 
@@ -84,6 +84,19 @@ def _finite_floats(obj: Any, *names: str) -> None:
             high_open=True,
         )
         object.__setattr__(obj, name, value)
+
+
+def _check_range_fields(obj: Any, low: str, high: str, *, equal_ok: bool = False) -> None:
+    """Check ``0 < obj.<low> < obj.<high>`` (``<=`` for the second with ``equal_ok``).
+
+    Raises:
+      ValueError: ``process.<low> must be > 0; got ...`` or ``process.<high> must be >
+        process.<low> = <value>; got ...`` (``>=`` with ``equal_ok``).
+    """
+    lo, hi = getattr(obj, low), getattr(obj, high)
+    require(lo > 0, f"process.{low}", "> 0", lo)
+    above = hi >= lo if equal_ok else hi > lo
+    require(above, f"process.{high}", f"{'>=' if equal_ok else '>'} process.{low} = {lo}", hi)
 
 
 class Process:
@@ -252,3 +265,24 @@ class VEFrameProcess(Process):
     def prior_std(self) -> float:
         """``sigma_max``."""
         return float(self.sigma_max)
+
+
+class _EpsToOneTime:
+    """Process time ``t`` in ``[eps, 1]`` (VE, VP, sub-VP; Song et al. 2021): a mixin for a
+    process dataclass with an ``eps`` field, checked by :meth:`_check_eps`."""
+
+    eps: float
+
+    def _check_eps(self) -> None:
+        """Raises ValueError ``process.eps must be in [0, 1); got ...``."""
+        require(0 <= self.eps < 1, "process.eps", "in [0, 1)", self.eps)
+
+    @property
+    def t_min(self) -> float:
+        """``eps``."""
+        return self.eps
+
+    @property
+    def t_max(self) -> float:
+        """1."""
+        return 1.0

@@ -6,9 +6,8 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from scorelib._checks import require
 from scorelib._pytree import static_pytree
-from scorelib.processes.base import VEFrameProcess, _finite_floats
+from scorelib.processes.base import VEFrameProcess, _check_range_fields, _finite_floats
 
 
 @static_pytree
@@ -29,13 +28,7 @@ class EDM(VEFrameProcess):
 
     def __post_init__(self):
         _finite_floats(self, "sigma_min", "sigma_max")
-        require(self.sigma_min > 0, "process.sigma_min", "> 0", self.sigma_min)
-        require(
-            self.sigma_max > self.sigma_min,
-            "process.sigma_max",
-            f"> process.sigma_min = {self.sigma_min}",
-            self.sigma_max,
-        )
+        _check_range_fields(self, "sigma_min", "sigma_max")
 
     @property
     def t_min(self) -> float:

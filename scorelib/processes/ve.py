@@ -7,14 +7,18 @@ import math
 
 import jax.numpy as jnp
 
-from scorelib._checks import require
 from scorelib._pytree import static_pytree
-from scorelib.processes.base import VEFrameProcess, _finite_floats
+from scorelib.processes.base import (
+    VEFrameProcess,
+    _check_range_fields,
+    _EpsToOneTime,
+    _finite_floats,
+)
 
 
 @static_pytree
 @dataclasses.dataclass(frozen=True)
-class VE(VEFrameProcess):
+class VE(_EpsToOneTime, VEFrameProcess):
     """``x_t = x_0 + sigma(t) eps``, ``sigma(t) = sigma_min (sigma_max / sigma_min)^t``.
 
     ``t`` in ``[eps, 1]``. Forward SDE ``dx = sigma(t) sqrt(2 ln(sigma_max/sigma_min)) dw``,
@@ -32,24 +36,8 @@ class VE(VEFrameProcess):
 
     def __post_init__(self):
         _finite_floats(self, "sigma_min", "sigma_max", "eps")
-        require(self.sigma_min > 0, "process.sigma_min", "> 0", self.sigma_min)
-        require(
-            self.sigma_max > self.sigma_min,
-            "process.sigma_max",
-            f"> process.sigma_min = {self.sigma_min}",
-            self.sigma_max,
-        )
-        require(0 <= self.eps < 1, "process.eps", "in [0, 1)", self.eps)
-
-    @property
-    def t_min(self) -> float:
-        """``eps``."""
-        return self.eps
-
-    @property
-    def t_max(self) -> float:
-        """1."""
-        return 1.0
+        _check_range_fields(self, "sigma_min", "sigma_max")
+        self._check_eps()
 
     @property
     def _log_ratio(self) -> float:

@@ -12,13 +12,13 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from scorelib._checks import check_real, require
+from scorelib._checks import check_real
 from scorelib._pytree import static_pytree
-from scorelib.processes.base import Process, _finite_floats
+from scorelib.processes.base import Process, _check_range_fields, _EpsToOneTime, _finite_floats
 
 
 @dataclasses.dataclass(frozen=True)
-class _LinearBeta(Process):
+class _LinearBeta(_EpsToOneTime, Process):
     """``beta(t) = beta_min + t (beta_max - beta_min)``, ``alpha(t) = exp(m(t))``, ``t`` in
     ``[eps, 1]``; shared by :class:`VP` and :class:`SubVP`."""
 
@@ -28,24 +28,8 @@ class _LinearBeta(Process):
 
     def __post_init__(self):
         _finite_floats(self, "beta_min", "beta_max", "eps")
-        require(self.beta_min > 0, "process.beta_min", "> 0", self.beta_min)
-        require(
-            self.beta_max >= self.beta_min,
-            "process.beta_max",
-            f">= process.beta_min = {self.beta_min}",
-            self.beta_max,
-        )
-        require(0 <= self.eps < 1, "process.eps", "in [0, 1)", self.eps)
-
-    @property
-    def t_min(self) -> float:
-        """``eps``."""
-        return self.eps
-
-    @property
-    def t_max(self) -> float:
-        """1."""
-        return 1.0
+        _check_range_fields(self, "beta_min", "beta_max", equal_ok=True)
+        self._check_eps()
 
     def beta(self, t):
         """``beta(t) = beta_min + t (beta_max - beta_min)`` (1 / time units); shape of ``t``."""

@@ -15,16 +15,19 @@ on its key and global index only.
 
 * ``.name``: the registry name;
 * ``.options``: option name -> default (``unroll``, the scan's unroll factor, included);
+* ``.default_grid``: the grid (a name of ``GRIDS``) it runs on unless told otherwise;
 * ``.is_stochastic(**opts)``: whether the output depends on step noise with these
   options (``heun``: when ``S_churn > 0``; ``euler_maruyama``, ``pc``,
   ``annealed_langevin``: always; ``dpmpp_2m``, ``pf_ode_euler``: never);
 * calling it with an option it does not take raises ``ValueError("sampler.<opt> is not
   used by sampler <name> (its options: ...)")``; every value is checked before compile.
 
-Grids: ``make_grid(name, steps, process, **opts)`` with ``GRIDS`` (name -> options and
-defaults) refuses an option the grid does not use (``sampler.rho is not used by grid
-log_snr``). ``draw_samples`` draws any number of samples in batches (batch-size
-independent); ``teleport`` starts any sampler from ``grid[k]`` in closed form;
+Grids: ``make_grid(name, steps, process, **opts)`` refuses an option the grid does not use
+(``sampler.rho is not used by grid log_snr``). ``GRID_FUNCTIONS`` maps each name to its
+constructor, whose keyword parameters are the grid's options (``GRIDS``: name -> options and
+their defaults, read from the signatures); adding a grid is one function and one line
+there. ``draw_samples`` draws any number of samples in batches (batch-size independent);
+``teleport`` starts any sampler from ``grid[k]`` in closed form;
 ``langevin_corrector`` runs the Langevin corrector alone. ``cfdm_sample`` is the sigma-CFDM
 sampler (Euler in rectified-flow time from an exact training-mixture draw; not a
 ``StepRule``: see ``cfdm.py``), and ``per_example(sampler)`` runs any registered sampler
@@ -33,14 +36,21 @@ example. ``langevin_mcmc`` is plain ULA/MALA on a target's log-density (``mcmc.p
 baseline of reverse-diffusion Monte Carlo.
 
 **Adding a sampler**: a ``driver.StepRule`` subclass (options, stochastic property,
-option checks, NFE count, ``init``/``step``/``final``; see ``ode.py`` and ``sde.py``)
-and one line in ``SAMPLERS`` below.
+option checks, default grid, NFE count, ``init``/``step``/``final``; see ``ode.py`` and
+``sde.py``) and one line in ``SAMPLERS`` below.
 """
 
 from scorelib.samplers.cfdm import cfdm_sample, per_example
 from scorelib.samplers.draw import draw_samples
 from scorelib.samplers.driver import Sampler, StepRule
-from scorelib.samplers.grids import GRIDS, edm_grid, log_snr_grid, make_grid, uniform_t_grid
+from scorelib.samplers.grids import (
+    GRID_FUNCTIONS,
+    GRIDS,
+    edm_grid,
+    log_snr_grid,
+    make_grid,
+    uniform_t_grid,
+)
 from scorelib.samplers.langevin import corrector_step_size, langevin_corrector
 from scorelib.samplers.mcmc import langevin_mcmc, steps_for_budget
 from scorelib.samplers.ode import dpmpp_2m, heun
@@ -66,6 +76,7 @@ def get_sampler(name: str) -> Sampler:
 __all__ = [
     "SAMPLERS",
     "GRIDS",
+    "GRID_FUNCTIONS",
     "Sampler",
     "StepRule",
     "get_sampler",

@@ -25,7 +25,8 @@ step, or a noise level for annealed Langevin; 0-based) draws
 ``key`` and its global index.
 
 Adding a sampler: write a ``StepRule`` subclass (``options``, ``stochastic`` or
-``is_stochastic``, ``check``, ``nfe``, ``init``, ``scan_inputs``, ``step``, ``final``), wrap it
+``is_stochastic``, ``default_grid``, ``check``, ``nfe``, ``init``, ``scan_inputs``, ``step``,
+``final``), wrap it
 with ``Sampler(MyRule())`` and add it to ``SAMPLERS`` in ``scorelib/samplers/__init__.py``.
 """
 
@@ -42,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scorelib._checks import check_int, require
+from scorelib._checks import check_int, note_text, require
 from scorelib.keys import example_keys
 from scorelib.scores.base import ScoreSource
 
@@ -75,14 +76,9 @@ def check_common(source, shape, grid, x_T, first_index, float64) -> tuple[tuple,
         "(batch, *data_shape) with every size >= 1",
         shape,
     )
-    data_shape = getattr(source, "data_shape", None)
-    if data_shape:
-        require(
-            tuple(data_shape) == shape[1:],
-            "shape[1:]",
-            f"the source's data_shape {tuple(data_shape)}",
-            shape,
-        )
+    data_shape, note = source.expected_data_shape()
+    if data_shape and tuple(data_shape) != shape[1:]:
+        require(False, "shape[1:]", f"{tuple(data_shape)}{note_text(note)}", shape)
     g = np.asarray(grid, dtype=np.float64)
     require(
         g.ndim == 1 and g.shape[0] >= 2,
@@ -249,12 +245,15 @@ class StepRule:
         :meth:`is_stochastic` instead.
       unroll_scan: whether the driver's scan takes the ``unroll`` option (a rule with an
         inner loop may apply it there instead).
+      default_grid: the grid (a name of ``grids.GRIDS``) the sampler is run on unless told
+        otherwise (the paper's discretisation: EDM's rho-schedule for Heun).
     """
 
     name: ClassVar[str]
     options: ClassVar[Mapping[str, Any]] = {}
     stochastic: ClassVar[bool]
     unroll_scan: ClassVar[bool] = True
+    default_grid: ClassVar[str] = "edm"
 
     def is_stochastic(self, opts: Mapping[str, Any]) -> bool:
         """Whether a run with the validated options ``opts`` draws step noise."""
@@ -335,6 +334,7 @@ class Sampler:
     Attributes:
       name: the registry name.
       options: option name -> default, ``unroll`` included.
+      default_grid: the grid it is run on unless told otherwise (``StepRule.default_grid``).
       rule: the :class:`StepRule`.
 
     Raises (when called):
@@ -347,6 +347,7 @@ class Sampler:
         self.rule = rule
         self.name = rule.name
         self.options: Mapping[str, Any] = {**rule.options, **DRIVER_OPTIONS}
+        self.default_grid: str = rule.default_grid
         self.__name__ = self.__qualname__ = rule.name
         self.__doc__ = rule.__doc__
         self.__module__ = type(rule).__module__

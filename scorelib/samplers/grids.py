@@ -20,8 +20,9 @@ Grids are built once on the host, in float64.
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -30,6 +31,7 @@ import numpy as np
 
 from scorelib._checks import check_choice, check_int, check_real, is_real, require
 from scorelib.processes.base import Process
+from scorelib.processes.noise_levels import rho_spaced
 
 
 def _check_sigmas(sigma_min: Any, sigma_max: Any) -> tuple[float, float]:
@@ -52,27 +54,6 @@ def _with_final(positive: np.ndarray, top: float, bottom: float, final_zero: boo
     if final_zero:
         positive = np.concatenate([positive, [0.0]])
     return positive
-
-
-def rho_spaced(u, sigma_min: float, sigma_max: float, rho: float):
-    """Noise levels at fractions ``u`` of the EDM rho-schedule (Karras et al. 2022, eq. 5).
-
-    ``(sigma_max^(1/rho) + u (sigma_min^(1/rho) - sigma_max^(1/rho)))^rho``: ``u = 0`` is
-    ``sigma_max``, ``u = 1`` is ``sigma_min``; the grid of :func:`edm_grid` at
-    ``u = i / (M - 1)`` and, at ``u ~ U(0, 1)``, its continuous form (the noise levels of
-    ``scorelib.distill``). Works on numpy and JAX arrays alike (no checks: the callers
-    validate ``0 < sigma_min < sigma_max`` and ``rho > 0``).
-
-    Args:
-      u: fractions in [0, 1], any shape (numpy or JAX).
-      sigma_min, sigma_max: the end levels (VE frame, data units).
-      rho: the schedule exponent.
-
-    Returns:
-      the levels, ``u``'s shape and array type.
-    """
-    a, b = sigma_max ** (1.0 / rho), sigma_min ** (1.0 / rho)
-    return (a + u * (b - a)) ** rho
 
 
 def edm_grid(
@@ -137,6 +118,23 @@ def _check_positive_range(top: float, bottom: float) -> None:
     )
 
 
+def _process_time_levels(
+    process: Process, n: Any, t_min: Any, t_max: Any, final_zero: bool
+) -> tuple[int, float, float, float, float]:
+    """The checked start of a grid in process time: ``(m, t_min, t_max, top, bottom)``, with
+    ``m`` the number of positive points and ``top``, ``bottom`` the VE noise levels of
+    ``t_max`` and ``t_min`` (float64).
+
+    Raises:
+      ValueError: naming ``sampler.steps``, ``sampler.t_min`` or ``sampler.t_max``.
+    """
+    n = check_int(n, "sampler.steps", low=1)
+    t_min, t_max = _process_range(process, t_min, t_max)
+    top, bottom = _ve_sigma64(process, np.array([t_max, t_min]))
+    _check_positive_range(float(top), float(bottom))
+    return (n if final_zero else n + 1), t_min, t_max, float(top), float(bottom)
+
+
 def uniform_t_grid(
     process: Process,
     n: int,
@@ -161,14 +159,9 @@ def uniform_t_grid(
     Raises:
       ValueError: naming ``sampler.steps``, ``sampler.t_min`` or ``sampler.t_max``.
     """
-    n = check_int(n, "sampler.steps", low=1)
-    t_min, t_max = _process_range(process, t_min, t_max)
-    m = n if final_zero else n + 1
+    m, t_min, t_max, top, bottom = _process_time_levels(process, n, t_min, t_max, final_zero)
     ts = np.linspace(t_max, t_min, m) if m > 1 else np.array([t_max])
-    sig = _ve_sigma64(process, ts)
-    top, bottom = _ve_sigma64(process, np.array([t_max, t_min]))
-    _check_positive_range(float(top), float(bottom))
-    return _with_final(sig, float(top), float(bottom), final_zero)
+    return _with_final(_ve_sigma64(process, ts), top, bottom, final_zero)
 
 
 def log_snr_grid(
@@ -185,22 +178,32 @@ def log_snr_grid(
 
     Args, Returns, Raises: as :func:`uniform_t_grid`.
     """
-    n = check_int(n, "sampler.steps", low=1)
-    t_min, t_max = _process_range(process, t_min, t_max)
-    top, bottom = _ve_sigma64(process, np.array([t_max, t_min]))
-    _check_positive_range(float(top), float(bottom))
-    m = n if final_zero else n + 1
+    m, _, _, top, bottom = _process_time_levels(process, n, t_min, t_max, final_zero)
     lam = np.linspace(-2 * np.log(top), -2 * np.log(bottom), m) if m > 1 else None
     sig = np.exp(-0.5 * lam) if lam is not None else np.array([top])
-    return _with_final(sig, float(top), float(bottom), final_zero)
+    return _with_final(sig, top, bottom, final_zero)
 
 
-GRIDS: Mapping[str, Mapping[str, Any]] = {
-    "edm": {"sigma_min": 0.002, "sigma_max": 80.0, "rho": 7.0},
-    "uniform_t": {"t_min": None, "t_max": None},
-    "log_snr": {"t_min": None, "t_max": None},
+GRID_FUNCTIONS: Mapping[str, Callable[..., np.ndarray]] = {
+    "edm": edm_grid,
+    "uniform_t": uniform_t_grid,
+    "log_snr": log_snr_grid,
 }
-"""Grid name -> its options and their defaults (``None``: the process's ``t_min``/``t_max``)."""
+"""Grid name -> its constructor. The constructor's keyword parameters other than ``process``,
+``n`` and ``final_zero`` are the grid's options, their defaults the grid's defaults: the one
+place a grid declares them (:data:`GRIDS` and the config schema are read from here)."""
+
+_NOT_OPTIONS = ("process", "n", "final_zero")
+
+
+def _options(fn: Callable) -> dict[str, Any]:
+    params = inspect.signature(fn).parameters.values()
+    return {p.name: p.default for p in params if p.name not in _NOT_OPTIONS}
+
+
+GRIDS: Mapping[str, Mapping[str, Any]] = {name: _options(fn) for name, fn in GRID_FUNCTIONS.items()}
+"""Grid name -> its options and their defaults (``None``: the process's ``t_min``/``t_max``),
+read from the signatures of :data:`GRID_FUNCTIONS`."""
 
 
 def make_grid(
@@ -211,8 +214,8 @@ def make_grid(
     ``edm`` is :func:`edm_grid` (Karras et al. 2022, eq. 5; options ``sigma_min``,
     ``sigma_max``, ``rho``; no process needed), ``uniform_t`` is :func:`uniform_t_grid`
     (Song et al. 2021) and ``log_snr`` is :func:`log_snr_grid` (Lu et al. 2022), both with
-    options ``t_min``, ``t_max`` and a process. Options not given take the defaults of
-    ``GRIDS[name]``.
+    options ``t_min``, ``t_max`` and a process. Options not given take the constructor's
+    defaults (``GRIDS[name]``).
 
     Args:
       name: one of ``GRIDS``.
@@ -237,13 +240,7 @@ def make_grid(
             raise ValueError(
                 f"sampler.{k} is not used by grid {name} (its options: {', '.join(GRIDS[name])})"
             )
-    opts = {**GRIDS[name], **opts}
-    if name == "edm":
-        grid = edm_grid(steps, final_zero=final_zero, **opts)
-        if process is not None:
-            check_in_range(grid, process, "sampler.sigma_max")
-        return grid
-    if process is not None and opts["t_max"] is not None:
+    if process is not None and opts.get("t_max") is not None:
         require(
             is_real(opts["t_max"]) and opts["t_max"] <= process.t_max,
             "sampler.t_max",
@@ -251,8 +248,12 @@ def make_grid(
             f"({type(process).__name__}: the network never saw later times)",
             opts["t_max"],
         )
-    fn = uniform_t_grid if name == "uniform_t" else log_snr_grid
-    return fn(process, steps, final_zero=final_zero, **opts)
+    fn = GRID_FUNCTIONS[name]
+    args = (process, steps) if "process" in inspect.signature(fn).parameters else (steps,)
+    grid = fn(*args, final_zero=final_zero, **opts)
+    if process is not None and "sigma_max" in GRIDS[name]:
+        check_in_range(grid, process, "sampler.sigma_max")
+    return grid
 
 
 def check_in_range(grid: np.ndarray, process: Process, field: str) -> None:

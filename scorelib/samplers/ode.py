@@ -62,6 +62,7 @@ class Heun(StepRule):
     """
 
     name = "heun"
+    default_grid = "edm"  # Karras et al. 2022, eq. 5
     options = {"S_churn": 0.0, "S_min": 0.0, "S_max": math.inf, "S_noise": 1.0}
 
     def is_stochastic(self, opts):
@@ -156,6 +157,7 @@ class DPMSolverPP2M(StepRule):
     """
 
     name = "dpmpp_2m"
+    default_grid = "edm"
     stochastic = False
 
     def nfe(self, n, final_zero, opts):

@@ -56,6 +56,7 @@ class EulerMaruyama(StepRule):
     """
 
     name = "euler_maruyama"
+    default_grid = "uniform_t"  # score_sde: linspace(T, eps, N)
     stochastic = True
     probability_flow = False
 
@@ -119,6 +120,7 @@ class ProbabilityFlowEuler(EulerMaruyama):
     """
 
     name = "pf_ode_euler"
+    default_grid = "uniform_t"
     stochastic = False
     probability_flow = True
 
@@ -159,6 +161,7 @@ class PredictorCorrector(EulerMaruyama):
     """
 
     name = "pc"
+    default_grid = "uniform_t"
     options = {"snr": 0.16, "n_corrector": 1}
 
     def check(self, opts, grid):
@@ -223,6 +226,7 @@ class AnnealedLangevin(StepRule):
     """
 
     name = "annealed_langevin"
+    default_grid = "log_snr"  # NCSN: geometric noise levels
     options = {"n_steps_each": 100, "eps": None}
     stochastic = True
     unroll_scan = False  # ``unroll`` applies to the steps within a level

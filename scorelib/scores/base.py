@@ -15,19 +15,68 @@ static, so a source can be passed as an argument into ``jax.jit``.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax.numpy as jnp
 from flax import struct
 
+from scorelib._checks import array_shape, check_array, check_shape, check_time, require
 from scorelib.processes.base import Process, broadcast_to_data
 
 Array = Any
 
 
-def check_time_shape(x: Array, t: Array) -> None:
-    """Raise ``ValueError`` unless ``t`` is a scalar or ``[batch]`` matching ``x: [batch, ...]``."""
-    broadcast_to_data(t, x)
+def check_examples(source, x: Array, field: str = "x") -> int:
+    """Require a score source and a real ``x: [batch, *data_shape]`` for it; return ``batch``.
+
+    ``data_shape`` is the source's when it has one (:meth:`ScoreSource.expected_data_shape`).
+    Static shapes and dtypes only: free inside ``jit``. The entry check of the sources'
+    ``score`` / ``denoiser`` (:func:`check_query`) and of functions that take a source and
+    its examples (metrics, samplers).
+
+    Raises:
+      ValueError: naming ``source`` for anything but a :class:`ScoreSource`, or ``field``:
+        ``x must have shape [batch, 2] (<where 2 comes from>); got shape (3, 1)``.
+    """
+    require(
+        isinstance(source, ScoreSource), "source", "a scorelib ScoreSource", type(source).__name__
+    )
+    data_shape, note = source.expected_data_shape()
+    pattern = ("batch", *data_shape) if data_shape else ("batch", "*data_shape")
+    return check_array(x, field, pattern, note=note)["batch"]
+
+
+def check_data_shape(data_shape, d: int) -> tuple[int, ...]:
+    """``data_shape`` as a tuple, ``(d,)`` when ``None``; it must hold ``d`` entries.
+
+    Raises:
+      ValueError: naming ``data_shape`` when its product is not ``d``.
+    """
+    if data_shape is None:
+        return (d,)
+    try:
+        shape = tuple(int(s) for s in data_shape)
+    except (TypeError, ValueError):
+        shape = None
+    require(
+        shape is not None and math.prod(shape) == d and all(s >= 1 for s in shape),
+        "data_shape",
+        f"a shape holding d = {d} entries",
+        data_shape,
+    )
+    return shape
+
+
+def check_query(source, x: Array, t: Array, field: str = "x") -> int:
+    """:func:`check_examples`, and ``t`` a real scalar or ``[batch]``; returns ``batch``.
+
+    Raises:
+      ValueError: as :func:`check_examples`, or naming ``t``.
+    """
+    batch = check_examples(source, x, field)
+    check_time(t, "t", batch)
+    return batch
 
 
 def score_from_denoiser(process: Process, x: Array, t: Array, denoised: Array) -> Array:
@@ -45,8 +94,10 @@ def score_from_denoiser(process: Process, x: Array, t: Array, denoised: Array) -
       ``[batch, *data_shape]``, the score in units of 1/data.
 
     Raises:
-      ValueError: if ``t`` is neither a scalar nor ``[batch]``.
+      ValueError: if ``t`` is neither a scalar nor ``[batch]``, or ``denoised`` is not of
+        the shape of ``x``.
     """
+    check_shape(denoised, "denoised", array_shape(x), note=" (the shape of x)")
     a = broadcast_to_data(process.alpha(t), x)
     s = broadcast_to_data(process.sigma(t), x)
     return (a * denoised - x) / s**2
@@ -57,6 +108,7 @@ def denoiser_from_score(process: Process, x: Array, t: Array, score: Array) -> A
 
     The inverse of :func:`score_from_denoiser`; shapes, source and errors as there.
     """
+    check_shape(score, "score", array_shape(x), note=" (the shape of x)")
     a = broadcast_to_data(process.alpha(t), x)
     s = broadcast_to_data(process.sigma(t), x)
     return (x + s**2 * score) / a
@@ -72,6 +124,18 @@ class ScoreSource(struct.PyTreeNode):
     """
 
     process: Process = struct.field(pytree_node=False)
+
+    def expected_data_shape(self) -> tuple[tuple | None, Any]:
+        """``(data_shape, note)``: the shape of one example this source takes (``None`` when
+        it does not know it) and, for error messages, where that shape comes from (a string,
+        or a callable that writes it, called only for an error).
+
+        Default: the ``data_shape`` field or property when the source has a non-empty one.
+        """
+        data_shape = getattr(self, "data_shape", None)
+        if not data_shape:
+            return None, ""
+        return tuple(data_shape), f" (the data_shape of the {type(self).__name__})"
 
     def denoiser(self, x: Array, t: Array) -> Array:
         """Posterior mean ``E[x_0 | x_t = x]`` in data units; shape of ``x``.

@@ -38,6 +38,7 @@ branch ran beyond float32 rounding.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -45,9 +46,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from scorelib._checks import check_int
+from scorelib._checks import array_shape, check_array, check_int, check_real_dtype
 from scorelib.processes.base import Process, broadcast_to_data
-from scorelib.scores.base import ScoreSource, check_time_shape, flatten
+from scorelib.scores.base import ScoreSource, check_query, flatten
 
 Array = Any
 
@@ -355,6 +356,35 @@ class EmpiricalScore(ScoreSource):
         """The number of training points (padding excluded)."""
         return int(np.sum(np.asarray(self.valid)))
 
+    def _training_set(self) -> str:
+        """``the training set's points (data of shape (8, 2))``, for error messages."""
+        n = "n" if isinstance(self.valid, jax.core.Tracer) else self.n
+        shape = ", ".join(map(str, (n, *self.data_shape)))
+        return f"the training set's points (data of shape ({shape}))"
+
+    def expected_data_shape(self) -> tuple[tuple, Callable[[], str]]:
+        """``(data_shape, note)``: queries are ``[batch, *data_shape]`` like the training set;
+        the note is written only for an error (counting the points reads ``valid``)."""
+        return tuple(self.data_shape), lambda: f" to match {self._training_set()}"
+
+    def check_flat_query(self, y, ve_sigma) -> int:
+        """The entry check of :meth:`posterior_mean`: ``y: [batch, d]`` real with ``d`` the
+        training points' size, ``ve_sigma`` a scalar or ``[batch, 1]``; returns ``batch``.
+
+        Raises:
+          ValueError: naming ``y`` (its shape and the training set's) or ``ve_sigma``.
+        """
+        d = self.data.shape[1]
+        note = lambda: f" (flattened queries) to match {self._training_set()}"  # noqa: E731
+        batch = check_array(y, "y", ("batch", d), note=note)["batch"]
+        check_real_dtype(ve_sigma, "ve_sigma")
+        if array_shape(ve_sigma) not in ((), (batch, 1)):
+            raise ValueError(
+                f"ve_sigma must be a scalar or have shape [batch={batch}, 1]; "
+                f"got shape {array_shape(ve_sigma)}"
+            )
+        return batch
+
     @classmethod
     def create(
         cls, process: Process, data, *, chunk: int = 4096, exact_top: int = 2, prune: int = 8
@@ -372,9 +402,10 @@ class EmpiricalScore(ScoreSource):
             off; module docstring). The answer is the same either way (to float32).
 
         Raises:
-          ValueError: for empty or non-finite data or a bad ``chunk`` / ``exact_top`` /
-            ``prune``.
+          ValueError: for empty, non-finite or non-real (complex, bool) data or a bad
+            ``chunk`` / ``exact_top`` / ``prune``.
         """
+        check_real_dtype(data, "data")
         x = np.asarray(data, dtype=np.float64)
         if x.ndim < 2 or x.shape[0] < 1:
             raise ValueError(f"data must have shape [n >= 1, *data_shape]; got {x.shape}")
@@ -406,7 +437,7 @@ class EmpiricalScore(ScoreSource):
 
     def _softmax_stats(self, x, t):
         """Online softmax over the training set: ``(max logit, sum, weighted sum)``."""
-        check_time_shape(x, t)
+        check_query(self, x, t)
         xf = flatten(x)
         y = xf / broadcast_to_data(self.process.alpha(t), xf)  # VE frame
         s = broadcast_to_data(self.process.ve_sigma(t), xf)  # scalar or [b, 1]
@@ -425,8 +456,12 @@ class EmpiricalScore(ScoreSource):
 
         Returns:
           ``[b, d]``.
+
+        Raises:
+          ValueError: as :meth:`check_flat_query`.
         """
         del keys
+        self.check_flat_query(y, ve_sigma)
         _, l, acc = softmax_stats(self, y, 0.5 / ve_sigma**2)
         return acc / l[:, None]
 
@@ -437,7 +472,8 @@ class EmpiricalScore(ScoreSource):
         ``t`` a scalar or ``[batch]`` with ``ve_sigma(t) > 0``.
 
         Raises:
-          ValueError: if ``t`` is neither a scalar nor ``[batch]``.
+          ValueError: naming ``x`` (its shape and the training set's) unless it is
+            ``[batch, *data_shape]``, or ``t`` unless it is a scalar or ``[batch]``.
         """
         _, l, acc = self._softmax_stats(x, t)
         return jnp.reshape(acc / l[:, None], x.shape)

@@ -30,9 +30,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from scorelib._checks import require
+from scorelib._checks import check_time, require
 from scorelib.processes.base import Process, broadcast_to_data
-from scorelib.scores.base import ScoreSource, check_time_shape, flatten
+from scorelib.scores.base import (
+    ScoreSource,
+    check_data_shape,
+    check_examples,
+    check_query,
+    flatten,
+)
 
 Array = Any
 
@@ -68,12 +74,14 @@ class GaussianScore(ScoreSource):
           data_shape: the unflattened shape of one example (default ``(d,)``).
 
         Raises:
-          ValueError: if ``cov`` is not ``[d, d]`` with ``d = mean.size``.
+          ValueError: if ``cov`` is not ``[d, d]`` with ``d = mean.size``, or ``data_shape``
+            does not hold ``d`` entries.
         """
         mean = np.asarray(mean, np.float64).reshape(-1)
         cov = np.asarray(cov, np.float64)
         d = mean.shape[0]
         require(cov.shape == (d, d), "cov", f"of shape ({d}, {d}) to match mean", cov.shape)
+        data_shape = check_data_shape(data_shape, d)
         lam, u = np.linalg.eigh(0.5 * (cov + cov.T))
         dtype = jax.dtypes.canonicalize_dtype(np.float64)
         return cls(
@@ -82,14 +90,14 @@ class GaussianScore(ScoreSource):
             eigvecs=jnp.asarray(u, dtype),
             eigvals=jnp.asarray(np.clip(lam, 0.0, None), dtype),
             residual_var=jnp.asarray(0.0, dtype),
-            data_shape=tuple(data_shape) if data_shape is not None else (d,),
+            data_shape=data_shape,
         )
 
     def _parts(self, x, t):
         """Flattened ``x``, ``alpha``/``sigma`` as ``[batch or 1, 1]``, centred ``x - alpha mu``,
         eigen-coordinates ``[batch, r]`` and the complement ``(I - U U^T)(x - alpha mu)``
         (``None`` when ``r = d``, where it is zero up to rounding)."""
-        check_time_shape(x, t)
+        check_query(self, x, t)
         xf = flatten(x)
         a = broadcast_to_data(self.process.alpha(t), xf)
         s = broadcast_to_data(self.process.sigma(t), xf)
@@ -172,10 +180,14 @@ def gaussian_flow(
       ``[batch, *data_shape]``: the ODE solution in process coordinates at ``sigma_to``.
 
     Raises:
-      ValueError: if ``gaussian`` is not a :class:`GaussianScore`, or the levels do not
-        broadcast as scalars or ``[batch]``.
+      ValueError: if ``gaussian`` is not a :class:`GaussianScore`, ``x`` is not real
+        ``[batch, *data_shape]`` with the Gaussian's ``data_shape``, or a level is neither
+        a scalar nor ``[batch]``.
     """
     _check_gaussian(gaussian)
+    batch = check_examples(gaussian, x, "x")
+    check_time(sigma_from, "sigma_from", batch)
+    check_time(sigma_to, "sigma_to", batch)
     process = gaussian.process
     xf = flatten(x)
     s_t = broadcast_to_data(jnp.asarray(sigma_from, xf.dtype), xf)
@@ -210,9 +222,10 @@ def gaussian_marginal_sample(gaussian: GaussianScore, eps: Array, ve_sigma: Arra
       ``[batch, *data_shape]`` in process coordinates at ``ve_sigma``.
 
     Raises:
-      ValueError: as :func:`gaussian_flow`.
+      ValueError: as :func:`gaussian_flow`, naming ``eps`` and ``ve_sigma``.
     """
     _check_gaussian(gaussian)
+    check_time(ve_sigma, "ve_sigma", check_examples(gaussian, eps, "eps"))
     ef = flatten(eps)
     s = broadcast_to_data(jnp.asarray(ve_sigma, ef.dtype), ef)
     a = broadcast_to_data(_ve_alpha(gaussian.process, ve_sigma).astype(ef.dtype), ef)

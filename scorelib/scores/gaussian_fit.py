@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scorelib._checks import check_int, check_real, is_int, require
+from scorelib._checks import check_int, check_real, check_real_dtype, is_int, require
 from scorelib.processes.base import Process
 from scorelib.scores.gaussian import GaussianScore
 from scorelib.scores.mixture import MixtureScore
@@ -31,6 +31,7 @@ __all__ = ["fit_gaussian", "fit_kmeans_mixture"]
 
 
 def _as_matrix(data) -> tuple[np.ndarray, tuple]:
+    check_real_dtype(data, "data")
     x = np.asarray(data, dtype=np.float64)
     if x.ndim < 2:
         raise ValueError(f"data must have shape [n, *data_shape] with n >= 2; got {x.shape}")
@@ -71,7 +72,7 @@ def fit_gaussian(
       arrays in JAX's default float dtype (float32 unless x64 is enabled).
 
     Raises:
-      ValueError: for data that is not ``[n >= 2, ...]`` and finite, a ``rank`` outside
+      ValueError: for data that is not real ``[n >= 2, ...]`` and finite, a ``rank`` outside
         ``[1, d]``, or ``ddof`` not in ``[0, n)``.
     """
     x, data_shape = _as_matrix(data)

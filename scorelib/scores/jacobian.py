@@ -47,9 +47,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from scorelib._checks import check_choice, check_int
+from scorelib._checks import check_array, check_choice, check_int, check_time
 from scorelib.divergence import PROBE_NOISES, probe_vectors
 from scorelib.keys import example_keys
+from scorelib.scores.base import check_examples
 
 Array = Any
 
@@ -144,23 +145,21 @@ def jacobian_asymmetry(
       ``(asym, frob)``: two ``[batch]`` arrays in units of 1 / data^4.
 
     Raises:
-      ValueError: for a ``t`` that is neither a scalar nor ``[batch]``, an ``eps`` that is
-        not ``[batch, probes, d]``, or an unknown ``form``.
+      ValueError: naming ``source`` (not a score source), ``x`` (not real ``[batch,
+        *data_shape]`` with the source's ``data_shape``), ``t`` (neither a scalar nor
+        ``[batch]``), ``eps`` (not ``[batch, probes, d]``) or ``form``.
 
     Source: Chao et al., ICML 2022 (arXiv 2209.12753), Sec. 4; Hutchinson 1989.
     """
     check_choice(form, "form", FORMS)
+    n = check_examples(source, x, "x")
+    check_time(t, "t", n)
     x = jnp.asarray(x)
-    if x.ndim < 2:
-        raise ValueError(f"x must be [batch, *data_shape]; got shape {x.shape}")
-    n, shape = x.shape[0], x.shape[1:]
+    shape = x.shape[1:]
     d = math.prod(shape)
-    t = jnp.asarray(t)
-    if not (t.ndim == 0 or t.shape == (n,)):
-        raise ValueError(f"t must be a scalar or [batch]=({n},); got shape {t.shape}")
-    t = jnp.broadcast_to(t, (n,))
-    if eps is not None and (eps.ndim != 3 or eps.shape[0] != n or eps.shape[2] != d):
-        raise ValueError(f"eps must be [batch, probes, d]=({n}, probes, {d}); got {eps.shape}")
+    t = jnp.broadcast_to(jnp.asarray(t), (n,))
+    if eps is not None:
+        check_array(eps, "eps", (n, "probes", d), note=" ([batch, probes, d] probes)")
 
     def one(xb, tb, eb):
         def fn(z):

@@ -16,7 +16,7 @@ import numpy as np
 from flax import struct
 
 from scorelib.processes.base import broadcast_to_data
-from scorelib.scores.base import ScoreSource, check_time_shape
+from scorelib.scores.base import ScoreSource, check_query
 
 Array = Any
 
@@ -52,6 +52,11 @@ class ManyWellNoisyScore(ScoreSource):
     quad_size: int = struct.field(pytree_node=False, default=4001)
     s_switch: float = struct.field(pytree_node=False, default=0.05)
 
+    @property
+    def data_shape(self) -> tuple:
+        """``(target.dim,)``."""
+        return (int(self.target.dim),)
+
     def _well_score_gh(self, y_ve, s):
         z, w = np.polynomial.hermite_e.hermegauss(self.gh_nodes)
         z = jnp.asarray(z, jnp.float32)
@@ -74,7 +79,7 @@ class ManyWellNoisyScore(ScoreSource):
         Raises:
           ValueError: if ``t`` is neither a scalar nor ``[batch]``.
         """
-        check_time_shape(x, t)
+        check_query(self, x, t)
         p = self.process
         alpha = broadcast_to_data(p.alpha(t), x)
         sigma = broadcast_to_data(p.sigma(t), x)

@@ -23,7 +23,7 @@ from flax import struct
 
 from scorelib._checks import require
 from scorelib.processes.base import broadcast_to_data
-from scorelib.scores.base import ScoreSource, check_time_shape, flatten
+from scorelib.scores.base import ScoreSource, check_data_shape, check_query, flatten
 
 Array = Any
 
@@ -123,7 +123,8 @@ class MixtureScore(ScoreSource):
           data_shape: the unflattened shape of one example (default ``(d,)``).
 
         Raises:
-          ValueError: on inconsistent shapes or non-positive weights.
+          ValueError: on inconsistent shapes (``data_shape`` included) or non-positive
+            weights.
         """
         weights = np.asarray(weights, dtype=np.float64)
         means = np.asarray(means, dtype=np.float64)
@@ -133,6 +134,7 @@ class MixtureScore(ScoreSource):
         ok = weights.shape == (k,) and np.all(np.isfinite(weights) & (weights > 0))
         require(ok, "weights", f"{k} positive numbers", weights)
         require(covs.shape == (k, d, d), "covs", f"of shape ({k}, {d}, {d})", covs.shape)
+        data_shape = check_data_shape(data_shape, d)
         lam, u = np.linalg.eigh(0.5 * (covs + np.swapaxes(covs, -1, -2)))
         dtype = jax.dtypes.canonicalize_dtype(np.float64)  # float32 unless x64 is enabled
         return cls(
@@ -141,11 +143,11 @@ class MixtureScore(ScoreSource):
             means=jnp.asarray(means, dtype),
             eigvecs=jnp.asarray(u, dtype),
             eigvals=jnp.asarray(np.clip(lam, 0.0, None), dtype),
-            data_shape=tuple(data_shape) if data_shape is not None else (d,),
+            data_shape=data_shape,
         )
 
     def _terms(self, x, t):
-        check_time_shape(x, t)
+        check_query(self, x, t)
         xf = flatten(x)
         a = broadcast_to_data(self.process.alpha(t), xf)[..., None]  # [batch or 1, 1, 1]
         s = broadcast_to_data(self.process.sigma(t), xf)[..., None]

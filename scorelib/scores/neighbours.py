@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from scorelib._checks import check_choice, check_int, require
+from scorelib._checks import check_arrays, check_choice, check_int, check_shape, require
 from scorelib.scores.empirical import EmpiricalScore, block_points, exact_logits, top_blocks
 
 Array = Any
@@ -171,8 +171,19 @@ class NeighbourScore(struct.PyTreeNode):
         """The shape of one training point."""
         return self.table.data_shape
 
+    def expected_data_shape(self) -> tuple[tuple, Any]:
+        """The table's: queries are ``[batch, *data_shape]`` like its training set."""
+        return self.table.expected_data_shape()
+
     def search(self, y: Array) -> Array:
-        """``[b, k]`` int32 indices of the (approximate, for ivf/hnsw) ``k`` nearest points."""
+        """``[b, k]`` int32 indices of the (approximate, for ivf/hnsw) ``k`` nearest points.
+
+        ``y: [b, d]`` flattened queries (data units).
+
+        Raises:
+          ValueError: naming ``y`` unless it is real ``[b, d]`` with the training set's ``d``.
+        """
+        self.table.check_flat_query(y, 1.0)
         if self.backend == "jax":
             return top_k_neighbours(self.table, y, self.k)
         index, k = self.index, self.k
@@ -196,14 +207,16 @@ class NeighbourScore(struct.PyTreeNode):
           ``[b, d]``.
 
         Raises:
-          ValueError: if ``l > 0`` and ``keys`` is None.
+          ValueError: if ``l > 0`` and ``keys`` is None or not ``[b]`` keys; naming ``y``
+            or ``ve_sigma`` as :meth:`EmpiricalScore.check_flat_query`.
         """
-        b = y.shape[0]
+        b = self.table.check_flat_query(y, ve_sigma)
         n = self.n
         nbr = self.search(y)
         idx, logc = nbr, jnp.full((b, self.k), -math.log(n), y.dtype)
         if self.l > 0:
             require(keys is not None, "keys", "given when score.l > 0", None)
+            check_shape(keys, "keys", (b,), note=" (one key per query)")
             u = jax.vmap(lambda kk: jax.random.randint(kk, (self.l,), 0, n - self.k))(keys)
             rand = complement_draws(nbr, u.astype(jnp.int32))
             c = math.log((n - self.k) / (self.l * n))
@@ -253,7 +266,11 @@ def recall_at_k(found: np.ndarray, exact: np.ndarray) -> float:
 
     Args:
       found, exact: ``[b, k]`` integer indices.
+
+    Raises:
+      ValueError: naming ``found`` or ``exact`` unless both are ``[b, k]``, one shape.
     """
+    check_arrays(("b", "k"), exact=exact, found=found)
     found, exact = np.asarray(found), np.asarray(exact)
     hits = [len(np.intersect1d(f, e)) for f, e in zip(found, exact, strict=True)]
     return float(np.mean(hits) / exact.shape[1])

@@ -18,12 +18,34 @@ from typing import Any
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from scorelib._checks import check_real
+from scorelib._checks import check_array, check_real, check_time
 from scorelib.nets.precond import edm_precond, fisher_precond
 from scorelib.processes.base import broadcast_to_data
-from scorelib.scores.base import ScoreSource, check_time_shape, denoiser_from_score
+from scorelib.scores.base import ScoreSource, check_query, denoiser_from_score
 
 Array = Any
+
+
+def network_data_shape(graphdef, params) -> tuple[tuple | None, str]:
+    """``(data_shape, note)`` of a split network: its ``data_shape`` attribute (``MLP``,
+    ``UNet``; ``None`` for a network without one) and, for error messages, where it comes
+    from. Reads a static attribute (no compute)."""
+    net = nnx.merge(graphdef, params)
+    data_shape = getattr(net, "data_shape", None)
+    if not data_shape:
+        return None, ""
+    return tuple(data_shape), f" (the data_shape of the {type(net).__name__})"
+
+
+def check_network_input(graphdef, params, x, field: str) -> int:
+    """Require a real ``x: [batch, *data_shape]`` for the network; return ``batch``.
+
+    Raises:
+      ValueError: naming ``field``, its shape and the network's ``data_shape``.
+    """
+    data_shape, note = network_data_shape(graphdef, params)
+    pattern = ("batch", *data_shape) if data_shape else ("batch", "*data_shape")
+    return check_array(x, field, pattern, note=note)["batch"]
 
 
 def preconditioned_denoiser(
@@ -41,7 +63,12 @@ def preconditioned_denoiser(
 
     Returns:
       ``[batch, *data_shape]`` denoised estimate of ``x_0``.
+
+    Raises:
+      ValueError: naming ``x_ve`` (not real, or not ``[batch, *data_shape]`` with the
+        network's ``data_shape``) or ``sigma`` (neither a scalar nor ``[batch]``).
     """
+    check_time(sigma, "sigma", check_network_input(graphdef, params, x_ve, "x_ve"))
     c = edm_precond(sigma, sigma_data)
     f = _network_output(graphdef, params, x_ve, c, rngs)
     return broadcast_to_data(c.c_skip, x_ve) * x_ve + broadcast_to_data(c.c_out, x_ve) * f
@@ -60,9 +87,10 @@ def fisher_preconditioned_score(
     """``s(x; sigma) = c_skip_score x + c_out_score F(c_in x; c_noise)`` in the VE frame, with
     the coefficients of :func:`scorelib.nets.precond.fisher_precond` (units 1 / data).
 
-    Args and shapes as :func:`preconditioned_denoiser`; ``sigma_fisher`` the data's Fisher
-    length scale (data units, > 0).
+    Args, shapes and errors as :func:`preconditioned_denoiser`; ``sigma_fisher`` the data's
+    Fisher length scale (data units, > 0).
     """
+    check_time(sigma, "sigma", check_network_input(graphdef, params, x_ve, "x_ve"))
     c = fisher_precond(sigma, sigma_data, sigma_fisher)
     f = _network_output(graphdef, params, x_ve, c, rngs)
     return (
@@ -72,8 +100,8 @@ def fisher_preconditioned_score(
 
 def _network_output(graphdef, params, x_ve, c, rngs):
     """``F(c_in x; c_noise)`` for the coefficients ``c`` (``[batch, *data_shape]``)."""
-    c_noise = jnp.broadcast_to(c.c_noise, (x_ve.shape[0],))
     net = nnx.merge(graphdef, params)
+    c_noise = jnp.broadcast_to(c.c_noise, (x_ve.shape[0],))
     return net(broadcast_to_data(c.c_in, x_ve) * x_ve, c_noise, rngs=rngs)
 
 
@@ -106,6 +134,10 @@ class NetworkScore(ScoreSource):
         if self.sigma_fisher is not None:
             check_real(self.sigma_fisher, "sigma_fisher", low=0.0, low_open=True)
 
+    def expected_data_shape(self) -> tuple[tuple | None, Any]:
+        """The network's ``data_shape`` (:func:`network_data_shape`)."""
+        return network_data_shape(self.graphdef, self.params)
+
     def _rngs(self):
         return None if self.dropout_key is None else nnx.Rngs(dropout=self.dropout_key)
 
@@ -119,7 +151,7 @@ class NetworkScore(ScoreSource):
         """
         if self.sigma_fisher is None:
             return super().score(x, t)
-        check_time_shape(x, t)
+        check_query(self, x, t)
         alpha = broadcast_to_data(self.process.alpha(t), x)
         s_ve = fisher_preconditioned_score(
             self.graphdef,
@@ -150,7 +182,7 @@ class NetworkScore(ScoreSource):
         Raises:
           ValueError: if ``t`` is neither a scalar nor ``[batch]``.
         """
-        check_time_shape(x, t)
+        check_query(self, x, t)
         if self.sigma_fisher is not None:
             return denoiser_from_score(self.process, x, t, self.score(x, t))
         alpha = broadcast_to_data(self.process.alpha(t), x)

@@ -61,7 +61,7 @@ from flax import struct
 from scorelib._checks import check_choice, check_int, check_real, require
 from scorelib.keys import example_keys
 from scorelib.processes.base import Process, broadcast_to_data
-from scorelib.scores.base import ScoreSource, check_time_shape, flatten
+from scorelib.scores.base import ScoreSource, check_query, flatten
 from scorelib.scores.mcmc import (
     chain_evaluations,
     check_log_density,
@@ -215,15 +215,8 @@ class ReverseDiffusionScore(ScoreSource):
 
     # ------------------------------------------------------------------ the estimate
     def _check_query(self, x: Array, t: Array) -> tuple[int, int]:
-        check_time_shape(x, t)
-        xf = flatten(x)
-        b, d = xf.shape
-        require(
-            d == self.target.dim,
-            "x",
-            f"of shape [batch, {self.target.dim}] (the target's dim)",
-            tuple(x.shape),
-        )
+        check_query(self, x, t)
+        b, d = flatten(x).shape
         require(
             self.keys is not None and self.keys.shape[0] == b,
             "ReverseDiffusionScore.keys",

@@ -42,7 +42,7 @@ from flax import struct
 from scorelib._checks import check_int, check_real, require
 from scorelib.keys import example_keys
 from scorelib.processes.base import broadcast_to_data
-from scorelib.scores.base import ScoreSource, check_time_shape, flatten
+from scorelib.scores.base import ScoreSource, check_query, flatten
 
 Array = Any
 
@@ -104,6 +104,10 @@ class SmoothedScore(ScoreSource):
         """The shape of one training point."""
         return self.estimator.data_shape
 
+    def expected_data_shape(self) -> tuple[tuple, Any]:
+        """The estimator's: queries are ``[batch, *data_shape]`` like its training set."""
+        return self.estimator.expected_data_shape()
+
     def for_examples(self, key: jax.Array, batch: int, first_index: Array = 0) -> SmoothedScore:
         """A copy that draws for examples ``first_index .. first_index + batch - 1`` of ``key``.
 
@@ -118,10 +122,11 @@ class SmoothedScore(ScoreSource):
         ``x: [batch, *data_shape]`` in process coordinates, ``t`` a scalar or ``[batch]``.
 
         Raises:
-          ValueError: if the source has no keys or keys for another batch size, or if
-            ``t`` is neither a scalar nor ``[batch]``.
+          ValueError: if the source has no keys or keys for another batch size, naming
+            ``x`` (its shape and the training set's) unless it is ``[batch, *data_shape]``,
+            or ``t`` unless it is a scalar or ``[batch]``.
         """
-        check_time_shape(x, t)
+        check_query(self, x, t)
         xf = flatten(x)
         b, d = xf.shape
         require(

@@ -23,13 +23,21 @@ Wiring (see ``tests/training`` for a runnable example)::
 Running the same code again resumes from the newest readable checkpoint in ``run_dir``.
 To start a new run from another run's weights (fine-tuning), replace the fresh state's
 ``params`` and ``ema_params`` with :func:`restore_params` of that run's checkpoints.
+
+A step of another kind of training (``scorelib.distill``) builds on the same pieces: a
+``TrainState`` of several parts with one optimizer each (``TrainState.create``), the
+update that skips non-finite steps (:func:`apply_update`) and the step counters
+(:func:`advance`); the loop and the checkpoints take it as they are.
 """
 
 from scorelib.training.checkpoint import (
     Checkpointer,
     CheckpointError,
+    ClosedLoopTracebackFilter,
     IncompatibleCheckpoint,
     RestoredParams,
+    filter_closed_loop_tracebacks,
+    quiet_closed_loop_tracebacks,
     restore_params,
 )
 from scorelib.training.ema import EMA, ema_decay, ema_update
@@ -38,7 +46,7 @@ from scorelib.training.metrics_log import MetricsWriter
 from scorelib.training.multi_seed import stack, train_seeds, unstack
 from scorelib.training.optim import make_optimizer, warmup_schedule
 from scorelib.training.state import TrainState, abstract_state, create_state, init_state
-from scorelib.training.step import make_train_step, network_source
+from scorelib.training.step import advance, apply_update, make_train_step, network_source
 
 __all__ = [
     "CheckpointError",
@@ -46,6 +54,9 @@ __all__ = [
     "IncompatibleCheckpoint",
     "RestoredParams",
     "restore_params",
+    "ClosedLoopTracebackFilter",
+    "filter_closed_loop_tracebacks",
+    "quiet_closed_loop_tracebacks",
     "EMA",
     "ema_decay",
     "ema_update",
@@ -63,6 +74,8 @@ __all__ = [
     "abstract_state",
     "create_state",
     "init_state",
+    "advance",
+    "apply_update",
     "make_train_step",
     "network_source",
 ]

@@ -40,10 +40,16 @@ Guarantees:
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import glob
+import io
 import json
 import logging
 import os
+import re
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -87,19 +93,26 @@ def _tree_signature(tree: Any) -> dict[str, list]:
     return {jax.tree_util.keystr(path): [list(x.shape), str(x.dtype)] for path, x in leaves}
 
 
-def _flatten_config(cfg: Any, prefix: str = "") -> dict[str, Any]:
+def flatten_config(cfg: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a.b": v}`` for nested dicts ``{"a": {"b": v}}`` (lists and other values are leaves)."""
     if isinstance(cfg, dict):
         out = {}
         for k, v in cfg.items():
-            out.update(_flatten_config(v, f"{prefix}{k}."))
+            out.update(flatten_config(v, f"{prefix}{k}."))
         return out
     return {prefix[:-1]: cfg}
 
 
-def _differences(saved: dict, current: dict, label: str, fmt=repr) -> list[str]:
+def _differences(saved: dict, current: dict, label: str, fmt=repr, added=None) -> list[str]:
+    """One line per key whose value differs; a key ``saved`` lacks is no difference when
+    ``added`` (key -> value) holds the current value (a field added since, at the value
+    that reproduces the old behaviour)."""
     out = []
+    added = added or {}
     for k in sorted(set(saved) | set(current)):
         a, b = saved.get(k), current.get(k)
+        if k not in saved and k in added and b == added[k]:
+            continue
         if a != b:
             sa = "<absent>" if k not in saved else fmt(a)
             sb = "<absent>" if k not in current else fmt(b)
@@ -113,6 +126,109 @@ def _reason(e: BaseException) -> str:
     if len(first) > 120:
         first = first[:120] + "..."
     return f"{type(e).__name__}: {first}"
+
+
+#: The lines of the traceback orbax's reads print, one per array still in flight, once a
+#: read of a damaged checkpoint has failed and closed their event loop (tensorstore's threads
+#: call ``loop.call_soon_threadsafe`` on it).
+_CLOSED_LOOP_LINES = re.compile(
+    r'  File ".*asyncio/base_events\.py", line \d+, in (call_soon_threadsafe|_check_closed)'
+    r"|    self\._check_closed\(\)"
+    r"|    raise RuntimeError\('Event loop is closed'\)"
+    r"|RuntimeError: Event loop is closed"
+)
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+class ClosedLoopTracebackFilter(io.TextIOBase):
+    """A text stream (for ``sys.stderr``) that drops the ``RuntimeError: Event loop is
+    closed`` tracebacks orbax's reads print once a read of a damaged checkpoint has failed:
+    hundreds of lines for a checkpoint whose files are all damaged, written piecewise by
+    several threads at once, some after the failed call has returned. Each thread's text
+    is assembled into lines of its own; every line that is not part of such a traceback is
+    written through to ``stream`` unchanged, and a ``Traceback`` header is held until the
+    thread's next line shows whose it is. A line being redrawn (a progress bar's ``\\r``)
+    is written at once.
+    """
+
+    def __init__(self, stream):
+        self.stream = stream
+        self._lock = threading.Lock()
+        self._partial: dict[int, str] = {}  # thread -> its line in progress
+        self._headers: dict[int, int] = {}  # thread -> "Traceback" lines held
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        me = threading.get_ident()
+        with self._lock:
+            *lines, rest = (self._partial.pop(me, "") + text).split("\n")
+            for line in lines:
+                self._line(me, line)
+            if "\r" in rest:  # a progress bar redraws its line: show it now
+                self._release(me)
+                self.stream.write(rest)
+            elif rest:
+                self._partial[me] = rest
+        return len(text)
+
+    def _line(self, me: int, line: str) -> None:
+        if line == _TRACEBACK:
+            self._headers[me] = self._headers.get(me, 0) + 1
+        elif _CLOSED_LOOP_LINES.fullmatch(line):
+            if "in call_soon_threadsafe" in line:  # the first frame: its header goes too
+                self._headers[me] = max(self._headers.get(me, 0) - 1, 0)
+        else:
+            self._release(me)
+            self.stream.write(line + "\n")
+
+    def _release(self, me: int) -> None:
+        self.stream.write((_TRACEBACK + "\n") * self._headers.pop(me, 0))
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def close_filter(self) -> None:
+        """Write out what is held (headers, a last line without its newline); the filter
+        stays usable. A stream closed meanwhile (at interpreter exit) is left alone."""
+        with self._lock:
+            if getattr(self.stream, "closed", False):
+                return
+            for me in list(self._headers):
+                self._release(me)
+            self.stream.write("".join(self._partial.values()))
+            self._partial.clear()
+        self.stream.flush()
+
+    def __getattr__(self, name):  # fileno, isatty, encoding ... of the wrapped stream
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def quiet_closed_loop_tracebacks():
+    """``sys.stderr`` wrapped in a :class:`ClosedLoopTracebackFilter` meanwhile."""
+    real = sys.stderr
+    sys.stderr = ClosedLoopTracebackFilter(real)
+    try:
+        yield
+    finally:
+        sys.stderr = real
+
+
+def filter_closed_loop_tracebacks() -> ClosedLoopTracebackFilter:
+    """Wrap ``sys.stderr`` in a :class:`ClosedLoopTracebackFilter` for the rest of the process.
+
+    For a command's entry point: orbax's threads may print their tracebacks after the failed
+    read has returned, even while the interpreter exits, so a filter that is removed when
+    the command returns lets them through. Installing twice keeps the first filter; what it
+    holds is written out at exit.
+    """
+    if isinstance(sys.stderr, ClosedLoopTracebackFilter):
+        return sys.stderr
+    sys.stderr = ClosedLoopTracebackFilter(sys.stderr)
+    atexit.register(sys.stderr.close_filter)
+    return sys.stderr
 
 
 class RestoredParams(NamedTuple):
@@ -138,6 +254,9 @@ class Checkpointer:
         of it (orbax's ``EveryNSteps`` preservation policy beside ``LatestN``).
       config: a JSON-serialisable dict describing the model (and anything else that
         must match on restore), e.g. ``{"model": {"width": 512, "depth": 4}}``.
+      config_defaults: dotted key -> value, e.g. ``{"model.norm": "none"}``: a key of
+        ``config`` that a checkpoint's config lacks (written before the field existed) is
+        no difference while it holds this value.
       async_save: write in a background thread (default) or block in :meth:`save`.
 
     Raises:
@@ -154,6 +273,7 @@ class Checkpointer:
         keep_last: int = 3,
         keep_every: int | None = None,
         config: dict | None = None,
+        config_defaults: dict | None = None,
         async_save: bool = True,
     ):
         self.save_every = check_int(save_every, "checkpoint.save_every", low=1)
@@ -163,6 +283,7 @@ class Checkpointer:
         )
         try:
             self.config = json.loads(json.dumps(config or {}))
+            self.config_defaults = json.loads(json.dumps(config_defaults or {}))
         except TypeError as e:
             raise ValueError(f"checkpoint.config must be JSON-serialisable: {e}") from e
         self.directory = os.path.abspath(os.fspath(directory))
@@ -298,8 +419,9 @@ class Checkpointer:
     ) -> None:
         problems = []
         if check_config:
-            saved_cfg = _flatten_config(meta.get("config", {}))
-            problems += _differences(saved_cfg, _flatten_config(self.config), "config")
+            saved_cfg = flatten_config(meta.get("config", {}))
+            current = flatten_config(self.config)
+            problems += _differences(saved_cfg, current, "config", added=self.config_defaults)
         saved_tree = meta.get("tree", {})
         if prefixes is not None:
             saved_tree = {k: v for k, v in saved_tree.items() if k.startswith(prefixes)}
@@ -339,7 +461,8 @@ class Checkpointer:
     def _guarded(self, step: int, fn: Callable[[], Any]) -> Any:
         """``fn()``, with any error but a mismatch raised as :class:`CheckpointError`."""
         try:
-            return fn()
+            with quiet_closed_loop_tracebacks():
+                return fn()
         except IncompatibleCheckpoint:
             raise
         except Exception as e:
@@ -502,6 +625,7 @@ def restore_params(
     *,
     step: int | None = None,
     expected_fingerprint: dict | None = None,
+    fingerprint_defaults: dict | None = None,
 ) -> RestoredParams:
     """The parameters and EMA parameters of another run's checkpoint, to initialise a new run.
 
@@ -516,6 +640,7 @@ def restore_params(
       expected_fingerprint: the new run's model fingerprint (the ``config`` it passes to
         :class:`Checkpointer`); every key must equal the checkpoint's. ``None``: only
         the parameter shapes and dtypes are compared.
+      fingerprint_defaults: the ``config_defaults`` of :class:`Checkpointer`.
 
     Returns:
       :class:`RestoredParams` ``(params, ema_params, step)`` with the structure, dtypes
@@ -527,7 +652,12 @@ def restore_params(
         ``config model.width: checkpoint 32, current 16``.
       CheckpointError: the checkpoint cannot be read.
     """
-    ckpt = Checkpointer(checkpoint_dir, save_every=1, config=expected_fingerprint)
+    ckpt = Checkpointer(
+        checkpoint_dir,
+        save_every=1,
+        config=expected_fingerprint,
+        config_defaults=fingerprint_defaults,
+    )
     try:
         return ckpt.restore_params(
             abstract_params, step=step, check_config=expected_fingerprint is not None

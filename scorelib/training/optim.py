@@ -1,8 +1,11 @@
-"""Adam with a linear learning-rate warm-up and gradient clipping (optax).
+"""The optimizer factory of every training step: Adam or AdamW with a linear learning-rate
+warm-up and gradient clipping (optax).
 
 Defaults follow score SDE (Song et al., ICLR 2021, ``configs/default_*``: Adam,
 lr 2e-4, 5000 warm-up steps, clip 1.0) and EDM (Karras et al. 2022,
-``train.py``: Adam beta = (0.9, 0.999), eps 1e-8, lr ramp-up).
+``train.py``: Adam beta = (0.9, 0.999), eps 1e-8, lr ramp-up). Distillation (Xu, Nie and
+Vahdat 2025, Table 5) uses AdamW (Loshchilov and Hutter 2019: lr 1e-4, weight decay 0.01)
+without clipping or warm-up: ``weight_decay`` given, ``grad_clip=None``.
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ def make_optimizer(
     b1: float = 0.9,
     b2: float = 0.999,
     eps: float = 1e-8,
+    weight_decay: float | None = None,
 ) -> optax.GradientTransformation:
-    """``clip_by_global_norm(grad_clip)`` then Adam with :func:`warmup_schedule`.
+    """``clip_by_global_norm(grad_clip)`` then Adam, or AdamW with ``weight_decay``, at the
+    learning rate :func:`warmup_schedule`.
 
     Args:
       lr: peak learning rate (> 0).
@@ -42,10 +47,16 @@ def make_optimizer(
       grad_clip: max global gradient norm (> 0), or ``None`` for no clipping.
       b1, b2: Adam decay rates in ``[0, 1)``.
       eps: Adam's denominator epsilon (> 0).
+      weight_decay: ``None`` for Adam; a rate (>= 0) for AdamW's decoupled weight decay
+        ``p <- p - lr (adam_update + weight_decay p)`` (Loshchilov and Hutter 2019, Alg. 2),
+        applied after the clipping.
 
     Returns:
       An ``optax.GradientTransformation``. Its state holds the update count, so
-      the schedule resumes exactly from a checkpoint.
+      the schedule resumes exactly from a checkpoint. The state's layout is what
+      checkpoints hold, so it stays as it was for both variants: Adam's ends with the
+      schedule's count (also at a constant rate, ``warmup_steps = 0``), AdamW's constant
+      rate is a number (no schedule count; distillation checkpoints).
 
     Raises:
       ValueError: naming the field (``optim.lr`` etc.) when a value is out of range.
@@ -60,7 +71,14 @@ def make_optimizer(
     b1 = check_real(b1, "optim.b1", low=0.0, high=1.0, high_open=True)
     b2 = check_real(b2, "optim.b2", low=0.0, high=1.0, high_open=True)
     eps = check_real(eps, "optim.eps", low=0.0, low_open=True, high=inf, high_open=True)
-    adam = optax.adam(warmup_schedule(lr, warmup_steps), b1=b1, b2=b2, eps=eps)
+    if weight_decay is None:
+        adam = optax.adam(warmup_schedule(lr, warmup_steps), b1=b1, b2=b2, eps=eps)
+    else:
+        weight_decay = check_real(
+            weight_decay, "optim.weight_decay", low=0.0, high=inf, high_open=True
+        )
+        rate = lr if warmup_steps == 0 else warmup_schedule(lr, warmup_steps)
+        adam = optax.adamw(rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
     if grad_clip is None:
         return adam
     return optax.chain(optax.clip_by_global_norm(grad_clip), adam)

@@ -11,7 +11,8 @@ Every random draw and every batch depends only on ``(key, i)``, so a run resumed
 from a checkpoint at step ``k`` computes exactly what the uninterrupted run
 computes; nothing depends on where a run was interrupted.
 
-Non-finite handling: a step is *non-finite* when the loss or the global gradient
+Non-finite handling (:func:`apply_update` and :func:`advance`, which every train step
+uses, distillation's too): a step is *non-finite* when the loss or the global gradient
 norm is NaN/inf. Its update is always discarded (params, EMA and optimizer state
 keep their old values, the step still advances) and ``first_nonfinite`` records
 the first such step, and ``n_skipped`` counts them. The policy is the loop's
@@ -24,13 +25,14 @@ holds NaN parameters.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from scorelib._checks import require
 from scorelib.training.ema import EMA, ema_update
 from scorelib.training.state import TrainState
 
@@ -67,6 +69,91 @@ def network_source(
 
 def _select(pred, new, old):
     return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
+
+
+def _optimizer_step(optimizer, grads, params, opt_state):
+    """``(params, opt_state)`` after one optax update."""
+    updates, new_opt = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), new_opt
+
+
+def apply_update(
+    state: TrainState,
+    loss: jax.Array,
+    grads: Any,
+    optimizer,
+    *,
+    ema_beta: jax.Array,
+    ema_part: str | None = None,
+) -> tuple[TrainState, jax.Array, jax.Array]:
+    """One optimizer update of ``state``'s parameters and their EMA, discarded when the step
+    is non-finite (the loss or the global gradient norm is NaN/inf); the step counters are
+    :func:`advance`'s.
+
+    Two layouts (:class:`TrainState`):
+
+    * one optimizer: ``grads`` has the structure of ``state.params``; every parameter
+      moves and ``ema_params <- ema_update(ema_params, params, ema_beta)``.
+    * parts (``optimizer`` a dict ``{part: optax transformation}``, ``state.params`` and
+      ``state.opt_state`` dicts of parts): ``grads`` is ``{part: gradients}`` for the parts
+      this step updates; the other parts keep their parameters and optimizer state. The
+      EMA is that of ``params[ema_part]`` (the ``ema_part`` the state was created with,
+      :meth:`TrainState.create`) and moves only on the steps that update that part.
+
+    Args:
+      state: the state before the step.
+      loss: the scalar loss whose gradients are ``grads``.
+      grads: the gradients (see above).
+      optimizer: an optax transformation, or a dict of them by part.
+      ema_beta: the EMA decay of this step (``EMA.beta(state.step)``).
+      ema_part: the part whose EMA ``state.ema_params`` holds; ``None``: all parameters.
+
+    Returns:
+      ``(state, grad_norm, finite)``: the state with ``params``, ``ema_params`` and
+      ``opt_state`` replaced (the old ones when not ``finite``), the global norm of
+      ``grads`` and whether the step is finite (a bool scalar).
+
+    Raises:
+      ValueError: naming ``ema_part`` when it is given for a single-optimizer state, or
+        when the parameters it names do not have the structure of ``state.ema_params``.
+    """
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    if isinstance(optimizer, Mapping):
+        params, opt_state = dict(state.params), dict(state.opt_state)
+        for k in grads:
+            params[k], opt_state[k] = _optimizer_step(
+                optimizer[k], grads[k], state.params[k], state.opt_state[k]
+            )
+    else:
+        require(ema_part is None, "ema_part", "None for a single-optimizer state", ema_part)
+        params, opt_state = _optimizer_step(optimizer, grads, state.params, state.opt_state)
+    params = _select(finite, params, state.params)
+    opt_state = _select(finite, opt_state, state.opt_state)
+    ema_params = state.ema_params
+    if ema_part is None or ema_part in grads:
+        tracked = params if ema_part is None else params[ema_part]
+        require(
+            jax.tree.structure(tracked) == jax.tree.structure(ema_params),
+            "ema_part",
+            "the part whose EMA the state holds (TrainState.create's ema_part)",
+            ema_part,
+        )
+        ema_params = _select(finite, ema_update(ema_params, tracked, ema_beta), ema_params)
+    new_state = state.replace(params=params, ema_params=ema_params, opt_state=opt_state)
+    return new_state, grad_norm, finite
+
+
+def advance(state: TrainState, new: TrainState, finite: jax.Array) -> TrainState:
+    """``new`` with the step counted: ``step + 1``, and a non-finite step (``finite``
+    false) counted in ``n_skipped`` and recorded in ``first_nonfinite`` (if it is the
+    first), from ``state``'s counters."""
+    i = state.step
+    return new.replace(
+        step=i + 1,
+        n_skipped=state.n_skipped + (~finite).astype(jnp.int32),
+        first_nonfinite=jnp.where((state.first_nonfinite < 0) & ~finite, i, state.first_nonfinite),
+    )
 
 
 def make_train_step(
@@ -116,24 +203,9 @@ def make_train_step(
             return objective(make_source(params, k_drop), x0, k_loss)
 
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-        grad_norm = optax.tree.norm(grads)
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
         beta = ema.beta(i)
-        ema_params = ema_update(state.ema_params, params, beta)
-
-        new = state.replace(
-            params=_select(finite, params, state.params),
-            ema_params=_select(finite, ema_params, state.ema_params),
-            opt_state=_select(finite, opt_state, state.opt_state),
-            step=i + 1,
-            n_skipped=state.n_skipped + (~finite).astype(jnp.int32),
-            first_nonfinite=jnp.where(
-                (state.first_nonfinite < 0) & ~finite, i, state.first_nonfinite
-            ),
-        )
+        new, grad_norm, finite = apply_update(state, loss, grads, optimizer, ema_beta=beta)
+        new = advance(state, new, finite)
         out = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
         out.update(
             loss=loss.astype(jnp.float32),

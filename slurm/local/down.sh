@@ -16,7 +16,10 @@ stop "$DIR/run/slurmd.pid"
 stop "$DIR/run/slurmctld.pid"
 stop "$DIR/run/slurmdbd.pid"
 stop "$DIR/mysql/mariadbd.pid"
-if [ -f "$DIR/run/started-munged" ]; then stop /run/munge/munged.pid; fi
+# munged is shared: stop the one this Slurm started only when no other Slurm daemon uses it
+if [ -f "$DIR/run/started-munged" ] && ! pgrep -x 'slurm(ctld|d|dbd)' >/dev/null; then
+    stop /run/munge/munged.pid
+fi
 MYSQL=$(readlink "$DIR/mysql" || true)
 case "$MYSQL" in /tmp/scorelib-slurm-mysql.*) rm -rf "$MYSQL" ;; esac
 rm -rf "$DIR"

@@ -1,18 +1,27 @@
 """Fixtures of the entry-point tests (helpers live in entry_helpers.py): one trained toy run
-shared by every test of the session."""
+shared by every test of the session, and by every pytest-xdist worker of it."""
 
+import fcntl
 from pathlib import Path
 
 import pytest
-from entry_helpers import TOY, run
+from entry_helpers import TOY, TOY_SAMPLES, run
 
 
 @pytest.fixture(scope="session")
-def toy_home(tmp_path_factory) -> Path:
+def toy_home(tmp_path_factory, worker_id) -> Path:
     """A working directory whose ``outputs/toy_dsm`` is the trained :data:`TOY` run
-    (trained once per session; do not modify it: copy it with :func:`copy_run`)."""
-    home = tmp_path_factory.mktemp("toy_home")
-    run("train", *TOY, cwd=home)
+    (trained once per test run, whatever the number of xdist workers: the first worker to
+    take the lock trains it, the others wait and reuse it; do not modify it: copy it with
+    :func:`copy_run`)."""
+    base = tmp_path_factory.getbasetemp()
+    root = base if worker_id == "master" else base.parent  # shared by the workers
+    home = root / "toy_home"
+    with open(root / "toy_home.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (home / "outputs" / "toy_dsm" / TOY_SAMPLES / "samples.npz").is_file():
+            home.mkdir(exist_ok=True)
+            run("train", *TOY, cwd=home)
     return home
 
 

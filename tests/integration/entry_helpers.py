@@ -42,10 +42,17 @@ class Result:
         return [line for line in self.stderr.splitlines() if line.strip()]
 
 
-def run(module: str, *overrides: str, cwd: Path = ROOT, timeout: float = 600, check=True):
+def run(
+    module: str,
+    *overrides: str,
+    cwd: Path = ROOT,
+    timeout: float = 600,
+    check=True,
+    env: dict[str, str] | None = None,
+):
     """``python -m experiments.<module> <overrides>`` in a subprocess (``cwd``: where
-    ``outputs/`` goes)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
+    ``outputs/`` goes; ``env``: variables added to this process's environment)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT), **(env or {})}
     env.pop("HYDRA_FULL_ERROR", None)
     env.pop("SCORELIB_TRACEBACK", None)
     proc = subprocess.run(
@@ -61,6 +68,12 @@ def run(module: str, *overrides: str, cwd: Path = ROOT, timeout: float = 600, ch
             f"{module} {overrides} failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
         )
     return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def reproduce(*overrides: str, timeout: float) -> Result:
+    """``python -m experiments.reproduce <overrides>`` in a subprocess on the CPU
+    (``JAX_PLATFORMS=cpu``), its exit status not checked: the tables' command-line tests."""
+    return run("reproduce", *overrides, timeout=timeout, check=False, env={"JAX_PLATFORMS": "cpu"})
 
 
 def run_inprocess(module: str, *overrides: str) -> Result:

@@ -15,14 +15,18 @@ from hydra import compose, initialize_config_dir
 
 from experiments.common import CONFIG_DIR
 
-SMOKE = [
-    "experiment=fdistill_gmm",
+#: The smallest teacher, student and discriminator networks (SMOKE's and FITTED's).
+TINY_NETWORKS = [
     "model.width=16",
     "model.depth=1",
     "model.emb_dim=8",
     "distill.backbone_width=16",
     "distill.backbone_depth=1",
     "distill.disc_width=8",
+]
+SMOKE = [
+    "experiment=fdistill_gmm",
+    *TINY_NETWORKS,
     "trainer.batch_size=32",
     "trainer.log_every=5",
     "trainer.ckpt_every=10",
@@ -150,12 +154,7 @@ FITTED = [
     "data=digits",
     "process=edm",
     "model=mlp",
-    "model.width=16",
-    "model.depth=1",
-    "model.emb_dim=8",
-    "distill.backbone_width=16",
-    "distill.backbone_depth=1",
-    "distill.disc_width=8",
+    *TINY_NETWORKS,
     "trainer.steps=2",
     "trainer.batch_size=8",
     "trainer.log_every=1",

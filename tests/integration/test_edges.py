@@ -40,7 +40,7 @@ def test_no_readable_checkpoint_is_one_line_with_advice(toy_run, tmp_path):
     for step in _newest_steps(run_dir):  # truncate the array files of every checkpoint
         for data in (run_dir / f"checkpoints/{step}/state").rglob("d/*"):
             data.write_bytes(data.read_bytes()[:10])
-    sample = run_inprocess("sample", f"run_dir={run_dir}")
+    sample = run("sample", f"run_dir={run_dir}", cwd=tmp_path, check=False)
     train = run("train", *MORE, cwd=tmp_path, check=False)
     for r in (sample, train):
         assert r.code == 1, r.stderr[-3000:]

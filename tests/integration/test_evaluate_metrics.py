@@ -41,3 +41,26 @@ def test_too_few_samples_are_refused_before_compute():
     d = load_digits()
     with pytest.raises(ValueError, match=r"at least 10 samples .* \(sampler.num_samples\)"):
         evaluate_images(d.train[:9], d, "digits")
+
+
+@pytest.mark.slow
+def test_other_samplers_rows_are_evaluated_beside_the_samples(tmp_path):
+    """evaluate_and_write(rows=...) (a student beside its teacher): each row gets every
+    metric, the table shows them with the floor's row, and eval.json keeps them. The rows
+    are told apart: training digits pass the two-sample test, a Gaussian fit does not."""
+    from experiments.build import Data
+    from experiments.runs.evaluation import evaluate_and_write
+
+    d = load_digits()
+    small = dataclasses.replace(d, test=d.test[:96], test_labels=d.test_labels[:96])
+    data = Data(name="digits", data_shape=small.train.shape[1:], images=small)
+    good, bad = small.train[:120], gaussian_baseline(small.train, 120, seed=3)
+    r = evaluate_and_write(bad, data, tmp_path, nfe=1, rows={"teacher, heun 18 steps": (35, good)})
+    (row,) = r["rows"].values()
+    assert row["nfe"] == 35
+    assert row["c2st_pixels_samples"] < r["c2st_pixels_samples"] - 0.15, (row, r)
+    assert row["recall_pixels_samples"] > r["recall_pixels_samples"] + 0.2, (row, r)
+    table = (tmp_path / "eval.md").read_text()
+    for line in ("| these samples | 1 |", "| teacher, heun 18 steps | 35 |", "(floor)"):
+        assert line in table, table
+    assert "teacher, heun 18 steps" in (tmp_path / "eval.json").read_text()

@@ -20,7 +20,8 @@ def test_msma_smoke(tmp_path):
     assert (run_dir / "figure.png").stat().st_size > 5_000
     assert (run_dir / "model" / "config.yaml").is_file()  # trained here: table.model=null
     meta = json.loads((run_dir / "metadata.json").read_text())
-    assert "table=msma" in meta["command"] and meta["config"]["levels"] == 3
+    # the table config as given (the smoke block merged by the table itself)
+    assert "table=msma" in meta["command"] and meta["config"]["scale"] == "smoke"
     res = json.loads((run_dir / "results.json").read_text())
     assert len(res["sigmas"]) == 3 and res["n_fit"] == 1438
     sets = res["seeds"][0]["sets"]

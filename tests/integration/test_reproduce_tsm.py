@@ -3,36 +3,19 @@ through the real command line (targets, objectives, training, sampler, metrics, 
 and configuration errors (a bad field, no ``table=``) reported as one line with exit status 2."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from entry_helpers import reproduce
 
 pytestmark = pytest.mark.slow
 
 
-def _reproduce(*args, timeout):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "experiments.reproduce", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def test_tsm_low_noise_smoke(tmp_path):
     run_dir = tmp_path / "run"
-    p = _reproduce(
+    p = reproduce(
         "table=tsm_low_noise", "table.scale=smoke", f"hydra.run.dir={run_dir}", timeout=600
     )
-    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.code == 0, p.stderr[-3000:]
     stems = ["label_variance", "score_error", "summary", "samples"]
     for stem in stems:
         for ext in (".md", ".csv", ".tex"):
@@ -61,30 +44,30 @@ def test_tsm_low_noise_smoke(tmp_path):
         for k in r["objectives"]:
             assert len(r["error"][k]) == 2 and len(r["error"][k][0]) == len(r["sigmas"])
     # running the same command again reuses the per-target results
-    p = _reproduce(
+    p = reproduce(
         "table=tsm_low_noise", "table.scale=smoke", f"hydra.run.dir={run_dir}", timeout=300
     )
-    assert p.returncode == 0 and p.stdout.count("reusing") == 2, p.stdout[-2000:]
+    assert p.code == 0 and p.stdout.count("reusing") == 2, p.stdout[-2000:]
 
 
 def test_tsm_low_noise_bad_config_is_one_line(tmp_path):
-    p = _reproduce(
+    p = reproduce(
         "table=tsm_low_noise",
         "table.sigmas=[1.0e-5,1.0]",
         f"hydra.run.dir={tmp_path / 'run'}",
         timeout=120,
     )
-    assert p.returncode == 2
+    assert p.code == 2
     assert "error: table.sigmas: 1e-05 is outside the VE-frame range" in p.stderr
 
 
 def test_reproduce_without_a_table_is_one_line(tmp_path):
     run_dir = tmp_path / "run"
-    p = _reproduce(f"hydra.run.dir={run_dir}", timeout=120)
-    assert p.returncode == 2
+    p = reproduce(f"hydra.run.dir={run_dir}", timeout=120)
+    assert p.code == 2
     assert p.stderr.strip().splitlines() == [
         "error: table= is required; choose one of "
         "['cfdm', 'fdistill_digits', 'fdistill_gmm', 'gaussian_teleport', "
-        "'gaussian_teleport_cifar10', 'tsm_low_noise']"
+        "'gaussian_teleport_cifar10', 'rdmc', 'tsm_low_noise']"
     ]
     assert not run_dir.exists()  # nothing left behind

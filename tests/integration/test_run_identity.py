@@ -18,7 +18,12 @@ from scorelib.samplers import SAMPLERS
 
 
 def _exclude_keys() -> list[str]:
-    cfg = OmegaConf.load(ROOT / "configs" / "train.yaml")
+    """The keys ``experiments.train`` leaves out of a run's directory, as Hydra composes them."""
+    from hydra import compose, initialize_config_dir
+
+    schema.register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("train", return_hydra_config=True)
     return list(cfg.hydra.job.config.override_dirname.exclude_keys)
 
 

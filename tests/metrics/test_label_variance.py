@@ -108,7 +108,7 @@ def test_common_points_for_every_objective_set_and_errors():
     with pytest.raises(ValueError, match=r"objectives\['tsm'\] must be an objective with the same"):
         run(process, tgt, 0.2, other)
     x0 = tgt.sample(jax.random.key(0), 8)
-    with pytest.raises(ValueError, match=r"t must be a scalar or \[n\]"):
+    with pytest.raises(ValueError, match=r"t must be a scalar or have shape \[batch=8\]"):
         label_variance(a, tgt.noisy_score(process), x0, np.ones(3), jax.random.key(0))
     with pytest.raises(ValueError, match="objectives must be a non-empty mapping"):
         label_variance({}, tgt.noisy_score(process), x0, 0.1, jax.random.key(0))

@@ -1,7 +1,9 @@
 """PF-ODE likelihood and bits/dim: the Gaussian closed form, Hutchinson's mean and variance,
 dequantisation, range invariance, determinism."""
 
+import contextlib
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -120,6 +122,48 @@ def test_hutchinson_likelihood_is_unbiased(gaussian):
     assert 0.12 < np.var(np.asarray(est4)) / np.var(np.asarray(est1)) < 0.5
 
 
+def _edm_standard_normal_logp(sigma: float):
+    """``log N(z; 0, (1 + sigma^2) I)`` of N(0, I) data noised by EDM to ``sigma`` (jnp)."""
+
+    def logp(z):
+        v = 1.0 + sigma**2
+        z = jnp.reshape(z, (z.shape[0], -1))
+        return -0.5 * jnp.sum(z**2, axis=1) / v - 0.5 * z.shape[1] * jnp.log(2 * jnp.pi * v)
+
+    return logp
+
+
+@pytest.mark.parametrize("precision", ["float32", "x64"])
+def test_hutchinson_likelihood_and_bits_per_dim_in_float32_and_under_x64(precision):
+    # The issue's inputs: under x64, GaussianScore.from_covariance(EDM(), mean=[0, 0],
+    # cov=I) and x = zeros((1, 2)) failed in jax.jvp (float32 probes against the float64
+    # state of the ODE), as did bits_per_dim by default; divergence='exact' worked.
+    # N(0, I) data: the drift's Jacobian is c(t) I, so a Rademacher probe's estimate
+    # eps^T c I eps = c d is the exact divergence, and log p_{t_min} has a closed form.
+    scope = jax.enable_x64(True) if precision == "x64" else contextlib.nullcontext()
+    with scope:
+        p = EDM()
+        g = GaussianScore.from_covariance(p, mean=[0.0, 0.0], cov=np.eye(2))
+        key = jax.random.key(0)
+        x = np.array([[0.0, 0.0], [0.5, -1.0]])
+        prior = _edm_standard_normal_logp(p.t_max)  # the exact marginal at t_max
+        logp, _ = pf_ode_log_likelihood(g, x, key, prior_logp=prior)
+        exact, _ = pf_ode_log_likelihood(g, x, key, divergence="exact", prior_logp=prior)
+        want_dtype = jnp.float64 if precision == "x64" else jnp.float32
+        assert logp.dtype == want_dtype and exact.dtype == want_dtype
+        np.testing.assert_allclose(np.asarray(logp), np.asarray(exact), rtol=1e-5)
+        ref = np.asarray(_edm_standard_normal_logp(p.t_min)(jnp.asarray(x)), np.float64)
+        np.testing.assert_allclose(np.asarray(logp), ref, atol=2e-4)
+        # bits/dim by default (Hutchinson): against the closed form at the dequantised points
+        levels = 17
+        bpd, info = bits_per_dim(g, np.zeros((1, 2)), key, levels=levels, prior_logp=prior)
+        assert bpd.dtype == want_dtype
+        y = dequantise(np.zeros((1, 2)), jax.random.split(key)[0], levels=levels)
+        nll = -float(_edm_standard_normal_logp(p.t_min)(jnp.asarray(y))[0])
+        ref_bpd = (nll / 2 - math.log(level_spacing(levels))) / math.log(2)
+        assert float(bpd[0]) == pytest.approx(ref_bpd, abs=2e-4)
+
+
 def _single_level(levels, low, high, n=48, d=2):
     """Data on one level ``c`` and the Gaussian N(c, delta^2/12 I) that fits its dequantised
     version; the closed-form bits/dim of that model through EDM's PF-ODE."""
@@ -219,6 +263,17 @@ def test_errors(gaussian):
         bits_per_dim(source, x, key, levels=17)  # continuous data
     with pytest.raises(ValueError, match="must lie on the 256 levels"):
         dequantise(np.array([[0.125, 1.0]]), key, levels=256)  # digits' levels read as 8-bit
+    shape = re.escape(f"x must have shape [batch, {D}] (the data_shape of the GaussianScore)")
+    with pytest.raises(ValueError, match=shape + re.escape("; got shape (6, 2)")):
+        pf_ode_log_likelihood(source, x[:, :2], key)
+    with pytest.raises(ValueError, match=shape + re.escape(f"; got shape ({D},)")):
+        pf_ode_log_likelihood(source, x[0], key)
+    with pytest.raises(ValueError, match=r"^x must be a real .* complex"):
+        pf_ode_log_likelihood(source, x.astype(complex), key)
+    with pytest.raises(ValueError, match=r"^source must be a scorelib ScoreSource"):
+        pf_ode_log_likelihood(lambda x, t: x, x, key)
+    with pytest.raises(ValueError, match=r"^x must have shape \[batch, \*data_shape\]"):
+        dequantise(np.zeros(4), key, levels=17)
 
 
 def test_an_examples_number_does_not_depend_on_its_batch(gaussian):

@@ -148,3 +148,43 @@ def test_mnist_subset_accuracy(tmp_path_factory):
     print(f"FD_mnist train-vs-test {floor:.2f}, Gaussian-fit-vs-test {gauss:.2f}")
     assert floor < 0.1 * ext.fd(noise, data.test)
     assert gauss > 30 * floor  # measured: about 110x (19x with the old penultimate features)
+
+
+def test_the_bundled_weights_are_the_recorded_files():
+    from scorelib.metrics.classifier import BUNDLED, BUNDLED_DIR, file_sha256
+
+    assert {ClassifierConfig().cache_name(), mnist_subset_config().cache_name()} == set(BUNDLED)
+    for name, digest in BUNDLED.items():
+        assert file_sha256(BUNDLED_DIR / name) == digest, name
+
+
+def test_the_default_digits_classifier_is_bundled_and_pinned(tmp_path, digits):
+    """FD_digits reproduces anywhere: the default classifier is the bundled file (nothing is
+    trained or cached), and its logits are these numbers (printed when the weights were
+    written; a retrained classifier would give others)."""
+    ext = FeatureExtractor.load_or_train(ClassifierConfig(), tmp_path / "cache", digits)
+    assert ext.bundled and ext.cached and not (tmp_path / "cache").exists()
+    pinned = [
+        [-13.363068, -5.409887, -2.172301, -17.622417, 18.63137, -9.967811, -4.937524,
+         -1.216159, -1.906317, -0.171999],
+        [-15.417633, -8.830518, -17.654186, 5.712485, -17.351452, 19.911963, -3.518654,
+         -6.297924, -2.400452, -0.004602],
+    ]  # fmt: skip
+    np.testing.assert_allclose(ext.features(digits.test[:2]), pinned, atol=2e-4)
+    assert ext.accuracy(digits.test, digits.test_labels) == pytest.approx(353 / 359)
+
+
+def test_retrain_ignores_the_bundle_and_a_damaged_bundle_is_refused(tmp_path, monkeypatch):
+    from scorelib.metrics import classifier
+
+    assert classifier.bundled_path(TINY) is None  # no bundle: trained and cached as before
+    name = ClassifierConfig().cache_name()
+    damaged = tmp_path / "bundle"
+    damaged.mkdir()
+    data = bytearray((classifier.BUNDLED_DIR / name).read_bytes())
+    data[-100] ^= 0xFF
+    (damaged / name).write_bytes(bytes(data))
+    monkeypatch.setattr(classifier, "BUNDLED_DIR", damaged)
+    with pytest.raises(ValueError, match="missing or damaged"):
+        FeatureExtractor.load_or_train(ClassifierConfig(), tmp_path / "cache")
+    assert classifier.bundled_path(dataclasses.replace(ClassifierConfig(), steps=7)) is None

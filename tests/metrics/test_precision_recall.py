@@ -71,7 +71,7 @@ def test_digits_floor_vs_gaussian_fit():
 
 
 def test_errors():
-    with pytest.raises(ValueError, match="one example shape"):
+    with pytest.raises(ValueError, match=r"^fake must have shape \[m, \*shape=\(2,\)\]"):
         precision_recall(np.zeros((5, 2)), np.zeros((5, 3)))
     with pytest.raises(ValueError, match="k must be an integer in"):
         precision_recall(np.zeros((5, 2)), np.ones((4, 2)), k=4)

@@ -174,7 +174,7 @@ def test_bad_inputs_are_refused():
     x0 = x0_draws(8)
     with pytest.raises(ValueError, match="source.process must be the reference's process"):
         relative_score_error(gaussian(VP()), ref, x0, 0.5, jax.random.key(0))
-    with pytest.raises(ValueError, match=r"t must be a scalar or \[batch\]"):
+    with pytest.raises(ValueError, match=r"t must be a scalar or have shape \[batch="):
         relative_score_error(ref, ref, x0, jnp.ones(3), jax.random.key(0))
     with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
         explained_fraction(ref, ref, x0, 0.5, jax.random.key(0), batch_size=0)

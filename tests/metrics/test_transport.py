@@ -27,7 +27,7 @@ def test_a_translation_is_its_length_and_separates_good_from_bad():
 
 
 def test_bad_input():
-    with pytest.raises(ValueError, match="samples"):
+    with pytest.raises(ValueError, match=r"^y must have shape \[m, \*shape=\(2,\)\]"):
         exact_w2(np.zeros((3, 2)), np.zeros((3, 3)))
     with pytest.raises(ValueError, match="finite"):
         exact_w2(np.full((3, 2), np.nan), np.zeros((3, 2)))

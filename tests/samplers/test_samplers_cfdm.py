@@ -9,10 +9,9 @@ import pytest
 from scipy.special import logsumexp
 from sklearn.datasets import make_moons
 
-from experiments.schema import DEFAULT_GRID
 from scorelib.processes import EDM
 from scorelib.processes.rectified import RectifiedFlow
-from scorelib.samplers import SAMPLERS, draw_samples, edm_grid, get_sampler, make_grid
+from scorelib.samplers import GRIDS, SAMPLERS, draw_samples, edm_grid, get_sampler, make_grid
 from scorelib.samplers.cfdm import cfdm_sample, cfdm_steps, per_example
 from scorelib.scores import EmpiricalScore
 from scorelib.scores.smoothed import SmoothedScore
@@ -100,7 +99,9 @@ def test_every_registered_sampler_runs_on_a_smoothed_source(name):
     at sigma_s > 0 the samples are finite and do not depend on the batch size."""
     p = EDM(sigma_min=0.002, sigma_max=5.0)
     tab = EmpiricalScore.create(p, TRAIN[:12], chunk=8)
-    grid = make_grid(DEFAULT_GRID[name], 3, p)
+    grid_name = get_sampler(name).default_grid
+    top = {"sigma_max": p.sigma_max} if "sigma_max" in GRIDS[grid_name] else {}  # in p's range
+    grid = make_grid(grid_name, 3, p, **top)
     sampler = per_example(get_sampler(name))
     key = jax.random.key(5)
     exact, _ = get_sampler(name)(tab, key, (4, 2), grid=grid)

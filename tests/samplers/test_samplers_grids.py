@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from sampler_helpers import PROCESSES
 
-from scorelib.samplers import GRIDS, edm_grid, log_snr_grid, make_grid, uniform_t_grid
+from scorelib.samplers import GRIDS, SAMPLERS, edm_grid, log_snr_grid, make_grid, uniform_t_grid
 
 
 def karras_loop(n, smin, smax, rho):
@@ -116,6 +116,24 @@ def test_make_grid_is_each_grid_with_its_options():
     assert set(GRIDS) == {"edm", "uniform_t", "log_snr"}
     # the declared defaults are the constructors' defaults
     np.testing.assert_array_equal(make_grid("edm", 6, **GRIDS["edm"]), edm_grid(6))
+    assert GRIDS == {
+        "edm": {"sigma_min": 0.002, "sigma_max": 80.0, "rho": 7.0},
+        "uniform_t": {"t_min": None, "t_max": None},
+        "log_snr": {"t_min": None, "t_max": None},
+    }
+
+
+def test_each_sampler_declares_the_grid_of_its_paper():
+    """Heun and DPM-Solver++ on EDM's rho-schedule, the score-SDE samplers uniform in t
+    (score_sde's ``linspace(T, eps, N)``), annealed Langevin on geometric noise levels."""
+    assert {name: s.default_grid for name, s in SAMPLERS.items()} == {
+        "heun": "edm",
+        "dpmpp_2m": "edm",
+        "euler_maruyama": "uniform_t",
+        "pf_ode_euler": "uniform_t",
+        "pc": "uniform_t",
+        "annealed_langevin": "log_snr",
+    }
 
 
 @pytest.mark.parametrize(

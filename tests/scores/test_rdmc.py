@@ -313,5 +313,10 @@ def test_bad_inputs_give_one_line_errors_naming_the_field():
     keyed = src.for_examples(jax.random.key(0), 2)
     for t in (0.0, -0.1):
         one_line(r"^t must be a time with a noise level ve_sigma\(t\) > 0", keyed.score, x, t)
-    one_line("^x must be of shape", keyed.score, jnp.zeros((2, 3)), 0.5)
+    one_line(
+        r"^x must have shape \[batch, 2\] \(the data_shape of the Reverse",
+        keyed.score,
+        jnp.zeros((2, 3)),
+        0.5,
+    )
     one_line("^process.horizon must be", ornstein_uhlenbeck, 0.0)

@@ -227,6 +227,27 @@ def test_mismatch_is_raised_not_skipped(tmp_path):
     c.close()
 
 
+def test_a_field_added_since_the_checkpoint_matches_while_it_holds_its_default(tmp_path):
+    """A checkpoint written before ``model.norm`` existed restores into a config holding
+    the field's declared default, and refuses any other value of it."""
+    with Checkpointer(tmp_path, save_every=1, config={"model": {"width": 32}}) as c:
+        c.save(1, _state(3.0))
+    new = {"model": {"width": 32, "norm": "none"}}
+    with Checkpointer(
+        tmp_path, save_every=1, config=new, config_defaults={"model.norm": "none"}
+    ) as c:
+        assert _equal(c.restore_latest(_abstract()), _state(3.0))
+    new["model"]["norm"] = "layer"
+    with Checkpointer(
+        tmp_path, save_every=1, config=new, config_defaults={"model.norm": "none"}
+    ) as c:
+        with pytest.raises(IncompatibleCheckpoint, match="config model.norm: checkpoint <absent>"):
+            c.restore_latest(_abstract())
+    with Checkpointer(tmp_path, save_every=1, config={"model": {"width": 32, "norm": "none"}}) as c:
+        with pytest.raises(IncompatibleCheckpoint, match="config model.norm"):
+            c.restore_latest(_abstract())  # no declared default: a difference
+
+
 def test_keep_last_and_keep_every(tmp_path):
     with Checkpointer(tmp_path, save_every=1, keep_last=2, keep_every=5) as c:
         for step in range(1, 13):
@@ -373,3 +394,48 @@ def test_restore_params_from_the_checkpointer_that_saved(tmp_path):
     c.save(2, st)  # nothing was taken for unreadable
     c.close()
     assert sorted(os.listdir(tmp_path / "run[1]")) == ["1", "2"]
+
+
+def test_closed_loop_tracebacks_are_dropped_and_everything_else_kept():
+    """orbax's reads of a damaged checkpoint print one ``Event loop is closed`` traceback per
+    array in flight, piecewise from several threads at once: the filter drops those (and
+    only those), whatever the interleaving, and keeps other tracebacks and lines whole."""
+    import io
+    import threading
+
+    from scorelib.training import ClosedLoopTracebackFilter
+
+    noise = (
+        "Traceback (most recent call last):\n"
+        '  File "/usr/lib/python3.11/asyncio/base_events.py", line 806, in call_soon_threadsafe\n'
+        "    self._check_closed()\n"
+        '  File "/usr/lib/python3.11/asyncio/base_events.py", line 519, in _check_closed\n'
+        "    raise RuntimeError('Event loop is closed')\n"
+        "RuntimeError: Event loop is closed\n"
+    )
+    other = 'Traceback (most recent call last):\n  File "x.py", line 1\nValueError: real\n'
+    out = io.StringIO()
+    f = ClosedLoopTracebackFilter(out)
+    barrier = threading.Barrier(8)
+
+    def writer():
+        barrier.wait()
+        pieces = noise.split(" ")
+        for _ in range(20):
+            for i, piece in enumerate(pieces):  # many small writes, interleaved across threads
+                f.write(piece + (" " if i < len(pieces) - 1 else ""))
+
+    threads = [threading.Thread(target=writer) for _ in range(8)]
+    for t in threads:
+        t.start()
+    f.write("a line\n")
+    f.write(other)
+    for t in threads:
+        t.join()
+    f.write("progress 50%\r")
+    f.write("last words without a newline")
+    f.close_filter()
+    text = out.getvalue()
+    assert "Event loop is closed" not in text and "_check_closed" not in text, text[:500]
+    assert "a line\n" in text and other in text
+    assert "progress 50%\r" in text and text.endswith("last words without a newline")
