@@ -35,6 +35,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.common import CONFIG_DIR, git_revision, package_versions
+from experiments.runs import ScoreRun, train_run
 from experiments.schema import register_configs
 from scorelib._io import atomic_write_text
 
@@ -93,6 +94,40 @@ def compose_config(config_name: str, overrides: Sequence[str]) -> DictConfig:
         return compose(config_name=config_name, overrides=list(overrides))
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return compose(config_name=config_name, overrides=list(overrides))
+
+
+def check_digits_run(field: str, path) -> None:
+    """Refuse ``<field>=<path>`` (a table's ``table.model``, ``table.teacher``) unless it is
+    an ``experiments.train`` score run of the digits.
+
+    Raises:
+      FileNotFoundError: ``<field>=<path>: not an experiments.train run (no <path>/config.yaml)``.
+      ValueError: ``<field>=<path>: a distillation run ...`` or ``... a run of data=<name>; the
+        table needs a run of the digits ...``.
+    """
+    config = Path(path) / "config.yaml"
+    if not config.is_file():
+        raise FileNotFoundError(f"{field}={path}: not an experiments.train run (no {config})")
+    run_cfg = OmegaConf.load(config)
+    if "distill" in run_cfg:
+        raise ValueError(f"{field}={path}: a distillation run; the table needs a score run")
+    name = OmegaConf.select(run_cfg, "data.name")
+    if name != "digits":
+        raise ValueError(
+            f"{field}={path}: a run of data={name}; the table needs a run of the digits "
+            "(python -m experiments.train experiment=digits_edm)"
+        )
+
+
+def given_or_trained(given, overrides: Sequence[str], out: Path, log) -> Path:
+    """A table's score run: ``given`` (a run directory, checked by the caller), or, when it
+    is ``None``, ``experiments.train`` with ``overrides`` trained (or resumed) into ``out``."""
+    if given is not None:
+        return Path(given)
+    log(f"[{Path(out).name}] training {out} ({list(overrides)})")
+    cfg = compose_config("train", overrides)
+    train_run(ScoreRun, cfg, out, progress=False, handle_signals=False, tensorboard=False)
+    return Path(out)
 
 
 def run_revision(run_dir: Path) -> str:

@@ -36,12 +36,18 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from experiments.runs import ScoreRun, load_run, train_run
+from experiments.runs import load_run
 from experiments.runs.evaluation import BPD_OPTIONS
 from experiments.runs.layout import pyplot, save_figure
-from experiments.tables.common import compose_config, pm, run_revision, scaled
+from experiments.tables.common import (
+    check_digits_run,
+    given_or_trained,
+    pm,
+    run_revision,
+    scaled,
+)
 from scorelib._checks import check_choice, check_int, check_real, require
 from scorelib._io import atomic_write_text
 from scorelib.data import downsample_to_digits, load_mnist_subset, shift_images
@@ -93,44 +99,13 @@ def _settings(cfg: DictConfig) -> DictConfig:
         ok = len(shift) == 2 and all(isinstance(d, int) and -8 < d < 8 for d in shift)
         require(ok, "table.shifts", "a list of [dy, dx] integer pairs, each in (-8, 8)", shift)
     if tc.model is not None:
-        check_model(tc.model)
+        check_digits_run("table.model", tc.model)
     return tc
-
-
-def check_model(model: str) -> None:
-    """Refuse ``table.model`` unless it is an ``experiments.train`` run of the digits.
-
-    Raises:
-      FileNotFoundError, ValueError: ``table.model=<run>: ...``.
-    """
-    path = Path(model) / "config.yaml"
-    if not path.is_file():
-        raise FileNotFoundError(f"table.model={model}: not an experiments.train run (no {path})")
-    run_cfg = OmegaConf.load(path)
-    if "distill" in run_cfg:
-        raise ValueError(f"table.model={model}: a distillation run; the table needs a score run")
-    name = OmegaConf.select(run_cfg, "data.name")
-    if name != "digits":
-        raise ValueError(
-            f"table.model={model}: a run of data={name}; the table needs a run of the digits "
-            "(python -m experiments.train experiment=digits_edm)"
-        )
 
 
 def noise_levels(tc) -> np.ndarray:
     """``[L]`` VE-frame noise levels, geometric from ``table.sigma_min`` to ``sigma_max``."""
     return np.geomspace(float(tc.sigma_min), float(tc.sigma_max), int(tc.levels))
-
-
-def model_run(tc, run_dir: Path, log) -> Path:
-    """The model's run directory: ``table.model``, or the preset trained (or resumed) here."""
-    if tc.model is not None:
-        return Path(tc.model)
-    out = run_dir / "model"
-    log(f"[model] training {out} ({list(tc.model_overrides)})")
-    cfg = compose_config("train", tc.model_overrides)
-    train_run(ScoreRun, cfg, out, progress=False, handle_signals=False, tensorboard=False)
-    return out
 
 
 def fixed_sets(tc, dataset) -> dict:
@@ -162,7 +137,7 @@ def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
     tc = _settings(cfg)
     run_dir = Path(run_dir)
     sigmas = noise_levels(tc)
-    model_dir = model_run(tc, run_dir, log)
+    model_dir = given_or_trained(tc.model, tc.model_overrides, run_dir / "model", log)
     run_, state = load_run(model_dir)
     model = run_.source(state.ema_params)
     dataset = run_.data.images

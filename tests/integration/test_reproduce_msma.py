@@ -3,26 +3,17 @@ digits model trained by the table, MSMA's score norms and mixture, the bits/dim 
 the Gaussian-fit reference on every OOD set, the writer and the figure) and its one-line
 refusals of bad fields before anything is trained."""
 
-import json
-
 import pytest
-from entry_helpers import run_inprocess
+from entry_helpers import run_inprocess, smoke_table
 
 
 @pytest.mark.slow
 def test_msma_smoke(tmp_path):
     run_dir = tmp_path / "run"
-    r = run_inprocess("reproduce", "table=msma", "table.scale=smoke", f"hydra.run.dir={run_dir}")
-    assert r.code == 0, r.stderr[-3000:]
-    for stem in ("auroc", "scores"):
-        for ext in (".md", ".csv", ".tex"):
-            assert (run_dir / f"msma_{stem}{ext}").is_file(), (stem, ext)
-    assert (run_dir / "figure.png").stat().st_size > 5_000
+    meta, res = smoke_table("msma", ("auroc", "scores"), run_dir)
     assert (run_dir / "model" / "config.yaml").is_file()  # trained here: table.model=null
-    meta = json.loads((run_dir / "metadata.json").read_text())
     # the table config as given (the smoke block merged by the table itself)
-    assert "table=msma" in meta["command"] and meta["config"]["scale"] == "smoke"
-    res = json.loads((run_dir / "results.json").read_text())
+    assert meta["config"]["scale"] == "smoke"
     assert len(res["sigmas"]) == 3 and res["n_fit"] == 1438
     sets = res["seeds"][0]["sets"]
     assert set(sets) == {
@@ -82,4 +73,17 @@ def test_msma_refuses_a_model_of_other_data(tmp_path):
     assert r.err_lines == [
         f"error: table.model={other}: a run of data=toy; the table needs a run of the digits "
         "(python -m experiments.train experiment=digits_edm)"
+    ]
+
+
+def test_msma_refuses_a_distillation_run(tmp_path):
+    other = tmp_path / "student"
+    other.mkdir()
+    (other / "config.yaml").write_text("distill:\n  divergence: kl\ndata:\n  name: digits\n")
+    r = run_inprocess(
+        "reproduce", "table=msma", f"table.model={other}", f"hydra.run.dir={tmp_path / 'run'}"
+    )
+    assert r.code == 2, r.stderr[-2000:]
+    assert r.err_lines == [
+        f"error: table.model={other}: a distillation run; the table needs a score run"
     ]
