@@ -268,7 +268,7 @@ def _two_sample(samples, gauss, dataset, feats, *, seed, draws) -> dict:
 
 
 #: How bits/dim are computed in the evaluation: one Rademacher probe per image (the mean over
-#: the test images averages the probes out) and a modest tolerance; see BPD_OPTIONS in README.
+#: the test images averages the probes out) and a modest tolerance (docs/evaluation.md).
 BPD_OPTIONS = {"divergence": "hutchinson", "probes": 1, "rtol": 1e-3, "atol": 1e-3}
 
 

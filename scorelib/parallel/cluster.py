@@ -374,7 +374,7 @@ def check_accelerator(gpus_per_node: int, *, allow_cpu: bool, environ=None) -> s
         raise ValueError(
             f"{want} GPU(s) per node were asked for (cluster.gpus_per_node={gpus_per_node}, "
             f"Slurm: {requested_gpus(environ)}) but JAX sees only the CPU: install a CUDA "
-            "build of JAX on the cluster (pip install -e '.[cuda]', see README), or set "
+            "build of JAX on the cluster (pip install -e '.[cuda]', see docs/clusters.md), or set "
             "cluster.allow_cpu=true to train on the CPU anyway"
         )
     return backend

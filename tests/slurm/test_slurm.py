@@ -179,7 +179,7 @@ def test_submitit_time_limit_signal_saves_before_requeue(slurm, tmp_path):
     assert samples(run_dir, steps).shape == (64, 2)
 
 
-# (d) A tiny EDM U-Net teacher on 32x32x3 images, trained as the README's CIFAR-10 recipe
+# (d) A tiny EDM U-Net teacher on 32x32x3 images, trained as docs/clusters.md's CIFAR-10 recipe
 # trains one (experiment=mnist_edm, data=npz), with three levels (32, 16, 8) so that the
 # discriminator has a head at every resolution as at paper scale; no attention and one
 # residual block per level keep the distillation step's compilation (the test's cost) short.
@@ -230,7 +230,7 @@ def test_paper_scale_cifar10_fdistill_preset_runs_through_the_launcher(slurm, tm
     ``experiments.sample`` redraws the run's 32x32x3 one-step samples. (About 3 min on 2
     cores, nearly all of it XLA compiling the U-Net train and distillation steps.)"""
     rng = np.random.default_rng(0)
-    data = tmp_path / "cifar10.npz"  # the layout data=npz reads (README, CIFAR-10)
+    data = tmp_path / "cifar10.npz"  # the layout data=npz reads (docs/clusters.md)
     np.savez(
         data,
         images=rng.integers(0, 256, (32, 32, 32, 3), dtype=np.uint8),
