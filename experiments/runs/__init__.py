@@ -9,8 +9,9 @@ metric of a run's samples beside its floor). The kinds implement only what diffe
 * :class:`ScoreRun` (``experiments.train``): a score network trained with an objective;
 * :class:`DistillRun` (``experiments.distill``): a one-step student distilled from a
   teacher score source;
-* :class:`TrainingFreeRun` (``experiments.sample experiment=cfdm_*``): a closed-form score
-  of the training set, sampled without training.
+* :class:`TrainingFreeRun` (``experiments.sample experiment=cfdm_*`` or ``rdmc_*``): a score
+  that needs no training (σ-CFDM's closed form of the training set, rdMC's estimate for a
+  target with a log-density), sampled without a checkpoint.
 
 From Python::
 
