@@ -26,7 +26,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from experiments.runs.base import Run, TrainedRun, configure_jax, train_and_sample, train_run
+from experiments.runs.base import (
+    Run,
+    TrainedRun,
+    check_run,
+    configure_jax,
+    train_and_sample,
+    train_run,
+)
 from experiments.runs.distill import DistillRun
 from experiments.runs.layout import read_config, saved_steps
 from experiments.runs.score import ScoreRun
@@ -71,6 +78,7 @@ __all__ = [
     "ScoreRun",
     "DistillRun",
     "TrainingFreeRun",
+    "check_run",
     "configure_jax",
     "load_run",
     "read_config",
