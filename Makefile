@@ -30,7 +30,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile --durations=15 tests
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile -m "not slow" tests
 
 # The tests of the Slurm path on a real single-node Slurm (root; they skip with the reason
 # where Slurm is not installed: apt-get install slurm-wlm slurmdbd munge mariadb-server).

@@ -278,7 +278,7 @@ def _unparsable_overrides() -> list[str]:
     return bad
 
 
-def hydra_app(config_name: str):
+def hydra_app(config_name: str, check=None):
     """``@hydra_app("train")`` on ``task(cfg)``: the module's ``main()``.
 
     Runs ``task`` under ``hydra.main`` with ``configs/<config_name>.yaml`` and turns every
@@ -287,9 +287,16 @@ def hydra_app(config_name: str):
     status 2, like the task's configuration errors (:func:`clean_errors`). Ctrl-C prints
     one line and exits 130; a training run stopped by a signal after saving prints the
     saved step. ``SCORELIB_TRACEBACK=1`` (or ``HYDRA_FULL_ERROR=1``) shows tracebacks.
+
+    ``check(cfg)``, when given, runs the checks ``task`` runs before it computes or writes
+    anything (``HydraConfig`` holds the job's config, as in the task) and raises as the
+    task does (``ValueError``, ``FileNotFoundError``, naming the field): a ``-m`` sweep
+    runs it on every job's config before any job starts, and refuses the sweep if one
+    fails (``hydra/sweeper=checked``, ``hydra_plugins/scorelib_sweeps.py``).
     """
 
     def deco(task):
+        task.check_config = check  # read by the sweeper (hydra_plugins/scorelib_sweeps.py)
         hydra_main = hydra.main(
             config_path=str(CONFIG_DIR), config_name=config_name, version_base="1.3"
         )(task)
@@ -421,10 +428,51 @@ def _output_top(cfg) -> tuple[Path, Path] | None:
     return out, top
 
 
+#: The errors a user's command or config can cause: one line and exit status 2, no traceback.
+CONFIG_ERRORS = (
+    ValueError,
+    FileNotFoundError,
+    FloatingPointError,
+    InstantiationException,
+    OmegaConfBaseException,
+)
+
+
+def error_line(e: BaseException) -> str:
+    """The one line (at most :data:`MAX_ERROR_LINE` characters, without ``error:``) that
+    reports ``e``: a config or Hydra error names the field (:func:`config_error_line`); an
+    instantiation error reports its cause; any other error its message."""
+    if isinstance(e, (OmegaConfBaseException, HydraException)) and not isinstance(
+        e, InstantiationException
+    ):
+        return shorten(config_error_line(e))
+    cause = e.__cause__ if isinstance(e, InstantiationException) and e.__cause__ else e
+    return shorten(one_line(str(cause)))
+
+
+class CommandError(SystemExit):
+    """A command that failed on its input, after printing ``error: <line>`` on stderr
+    (:func:`clean_errors`). A ``SystemExit``: uncaught, the process exits with ``code``
+    (2: the config or a usage error; 1: damaged files) and no traceback; a sweep's job
+    (``hydra_plugins/scorelib_sweeps.py``) reports ``line``.
+
+    Attributes:
+      line: the error line, without ``error:``.
+    """
+
+    def __init__(self, line: str, code: int = USAGE_ERROR):
+        super().__init__(code)
+        self.line = line
+
+    def __str__(self) -> str:
+        return self.line
+
+
 def clean_errors(fn):
     """Turn configuration errors (ValueError, FileNotFoundError, config and instantiation
-    errors) into a one-line message and exit status 2, instead of a traceback.
-    ``SCORELIB_TRACEBACK=1`` re-raises. The Hydra output directory of the failed command is
+    errors) into a one-line message and exit status 2, instead of a traceback (a
+    :class:`CommandError`; damaged checkpoints: status 1). ``SCORELIB_TRACEBACK=1``
+    re-raises. The Hydra output directory of the failed command is
     removed if nothing but Hydra wrote to it, with its empty parents up to ``cfg.run_dir``
     for apps that take one (else up to the directory above the override names)."""
 
@@ -433,29 +481,20 @@ def clean_errors(fn):
         try:
             check_added_fields(cfg)
             return fn(cfg, *args, **kwargs)
-        except (
-            ValueError,
-            FileNotFoundError,
-            FloatingPointError,
-            InstantiationException,
-            OmegaConfBaseException,
-        ) as e:
+        except CONFIG_ERRORS as e:
             if os.environ.get("SCORELIB_TRACEBACK"):
                 raise
-            if isinstance(e, OmegaConfBaseException):
-                line = config_error_line(e)
-            else:
-                cause = e.__cause__ if isinstance(e, InstantiationException) and e.__cause__ else e
-                line = one_line(str(cause))
-            print(f"error: {shorten(line)}", file=sys.stderr)
+            line = error_line(e)
+            print(f"error: {line}", file=sys.stderr)
             where = _output_top(cfg)
             if where is not None:
                 discard_unused_output_dir(*where, _command_started(), _existed())
-            sys.exit(USAGE_ERROR)
+            raise CommandError(line) from None
         except training.CheckpointError as e:  # damaged files, not a config error: status 1
             if os.environ.get("SCORELIB_TRACEBACK"):
                 raise
-            print(f"error: {shorten(one_line(str(e)))}", file=sys.stderr)
-            sys.exit(1)
+            line = error_line(e)
+            print(f"error: {line}", file=sys.stderr)
+            raise CommandError(line, 1) from None
 
     return wrapper

@@ -29,7 +29,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from experiments.common import clean_errors, hydra_app
-from experiments.runs import DistillRun, train_and_sample
+from experiments.runs import DistillRun, check_run, train_and_sample
 from experiments.schema import register_configs
 
 register_configs()
@@ -40,7 +40,11 @@ def run_distillation(cfg: DictConfig) -> Path:
     return train_and_sample(DistillRun, cfg, Path(HydraConfig.get().runtime.output_dir))
 
 
-main = hydra_app("distill")(run_distillation)
+def check_distillation(cfg: DictConfig) -> None:  # a sweep's check of each job before any starts
+    check_run(DistillRun, cfg, Path(HydraConfig.get().runtime.output_dir))
+
+
+main = hydra_app("distill", check=check_distillation)(run_distillation)
 
 
 if __name__ == "__main__":

@@ -93,6 +93,18 @@ def resolve_runner(table_cfg: DictConfig):
     return fn
 
 
+def check_table(cfg: DictConfig):
+    """The ``run`` function of the table ``cfg`` selects, after checking its fields.
+
+    Raises:
+      ValueError: as :func:`require_table`, :func:`check_table_fields`,
+        :func:`resolve_runner`.
+    """
+    table = require_table(cfg)
+    check_table_fields(table, HydraConfig.get().runtime.choices.get("table"))
+    return resolve_runner(table)
+
+
 @clean_errors
 def reproduce(cfg: DictConfig) -> Path:
     """Run the selected table and write its report; returns the path of ``<name>.md``.
@@ -100,9 +112,7 @@ def reproduce(cfg: DictConfig) -> Path:
     Raises:
       ValueError: when no ``table=`` is given, or as :func:`resolve_runner`.
     """
-    table = require_table(cfg)
-    check_table_fields(table, HydraConfig.get().runtime.choices.get("table"))
-    run = resolve_runner(table)
+    run = check_table(cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     command = command_line()
     t0 = time.perf_counter()
@@ -115,7 +125,7 @@ def reproduce(cfg: DictConfig) -> Path:
     return path
 
 
-main = hydra_app("reproduce")(reproduce)
+main = hydra_app("reproduce", check=check_table)(reproduce)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,9 @@ others. ``sampler=run`` (the default) is the run's own sampler, with any
 seed); ``sampler=<name>`` picks another, keeping the run's ``num_samples`` and
 ``batch_size`` unless given. A distillation run draws one-step samples of its student
 (only ``sampler.num_samples``/``batch_size``/``seed`` apply). With a training-free score
-(``experiment=cfdm_*``) there is no run to load: the samples are drawn and evaluated
-(:class:`experiments.runs.TrainingFreeRun`).
+(``experiment=cfdm_*``: σ-CFDM; ``experiment=rdmc_*``: reverse diffusion Monte Carlo on a
+target, with any registered sampler) there is no run to load: the samples are drawn and
+evaluated (:class:`experiments.runs.TrainingFreeRun`).
 
 From Python: ``experiments.runs.load_run``.
 """
@@ -31,21 +32,45 @@ from experiments.schema import register_configs
 register_configs()
 
 
+def sampler_of(cfg: DictConfig):
+    """``(kind, sampler config)`` of the trained run ``cfg.run_dir`` and this command.
+
+    Raises:
+      ValueError: ``process=`` or ``data=`` given (a trained run samples its own), or as
+        ``kind.sampler_config``.
+    """
+    for field in ("process", "data"):  # a trained run samples its own
+        if cfg.get(field) is not None:
+            raise ValueError(
+                f"{field} must be null when sampling a trained run (it uses the run's own "
+                f"{field}); {field}= is for training-free scores (score=cfdm | rdmc)"
+            )
+    kind = run_kind(cfg.run_dir)
+    overrides = list(HydraConfig.get().overrides.task)
+    return kind, kind.sampler_config(cfg, read_config(cfg.run_dir), overrides)
+
+
 @clean_errors
 def run_sampling(cfg: DictConfig) -> Path:
     configure_jax()
     if cfg.get("score") is not None:  # training-free: no run, no checkpoint
         return TrainingFreeRun.build(cfg).sample_and_evaluate(Path(cfg.run_dir))
-    kind = run_kind(cfg.run_dir)
-    overrides = list(HydraConfig.get().overrides.task)
-    sampler = kind.sampler_config(cfg, read_config(cfg.run_dir), overrides)
+    kind, sampler = sampler_of(cfg)
     run, state = kind.load(cfg.run_dir, step=cfg.step, sampler_cfg=sampler)
     out = run.save_samples(state, Path(cfg.run_dir), use_ema=cfg.use_ema)
     print(f"samples: {out}")
     return out
 
 
-main = hydra_app("sample")(run_sampling)
+def check_sampling(cfg: DictConfig) -> None:  # a sweep's check of each job before any starts
+    if cfg.get("score") is not None:
+        TrainingFreeRun.build(cfg)
+    else:
+        kind, sampler = sampler_of(cfg)
+        kind.prepare(cfg.run_dir, step=cfg.step, sampler_cfg=sampler)
+
+
+main = hydra_app("sample", check=check_sampling)(run_sampling)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ from omegaconf import MISSING
 from scorelib.samplers import SAMPLERS, get_sampler
 from scorelib.samplers.cfdm import cfdm_sample
 from scorelib.samplers.grids import GRID_FUNCTIONS, GRIDS
+from scorelib.scores import ReverseDiffusionScore
 from scorelib.training import make_optimizer
 
 SCHEMA_GROUP = "_schemas"
@@ -117,6 +118,8 @@ EDMProcessConfig = target_schema("EDMProcessConfig", "scorelib.processes.EDM")
 VEProcessConfig = target_schema("VEProcessConfig", "scorelib.processes.VE")
 VPProcessConfig = target_schema("VPProcessConfig", "scorelib.processes.VP")
 SubVPProcessConfig = target_schema("SubVPProcessConfig", "scorelib.processes.SubVP")
+# process=ou: reverse diffusion Monte Carlo's process (VP with the constant beta = 2 horizon)
+OUProcessConfig = target_schema("OUProcessConfig", "scorelib.processes.ornstein_uhlenbeck")
 MLPConfig = target_schema("MLPConfig", "scorelib.nets.MLP")
 LocalMLPConfig = target_schema("LocalMLPConfig", "scorelib.nets.LocalMLP")
 UNetConfig = target_schema("UNetConfig", "scorelib.nets.UNet")
@@ -230,7 +233,7 @@ def run_sampler_schema() -> type:
 @dataclass
 class CFDMScoreConfig:
     """``score=cfdm``: the smoothed closed-form score of the training set (no network;
-    ``experiments/closed_form.py`` builds it). ``n_train`` is for stream data (toys) only;
+    ``experiments/runs/training_free.py`` builds it). ``n_train`` is for stream data (toys) only;
     the faiss options only with ``backend=faiss`` (``scorelib.scores.neighbours``)."""
 
     name: str = "cfdm"
@@ -248,6 +251,21 @@ class CFDMScoreConfig:
     ef_search: int | None = None
     chunk: int = 4096  # training points per streamed block
     n_train: int | None = None  # data=toy: training points drawn (null: 1000)
+
+
+RDMCScoreConfig = make_schema(
+    "RDMCScoreConfig",
+    [
+        ("name", str, "rdmc"),
+        # the target comes from data=target, the process from process=
+        *signature_fields(ReverseDiffusionScore.create, skip=("target", "process")),
+    ],
+    """``score=rdmc``: reverse diffusion Monte Carlo's score of ``data=target``'s log-density
+    (``scorelib.scores.ReverseDiffusionScore``): the options of
+    ``ReverseDiffusionScore.create`` and their defaults (the presets set the paper-like ones).
+    Ranges, and an option that does not apply (``n_proposals`` with ``init=scaled``), are
+    checked by ``create``.""",
+)
 
 
 CFDMSamplerConfig = make_schema(
@@ -404,10 +422,12 @@ class SampleConfig:
     step: int | None = None  # checkpoint step to sample from; None: the latest
     use_ema: bool = True
     sampler: Any = MISSING
-    # training-free sampling (experiment=cfdm_*): a closed-form score of `data`, no run
+    # training-free sampling (experiment=cfdm_* | rdmc_*): a score of `data` that needs no
+    # training (score=cfdm | rdmc), no run; `process` for score=rdmc (process=ou)
     name: str | None = None
     score: Any = None
     data: Any = None
+    process: Any = None
 
 
 @dataclass
@@ -431,6 +451,7 @@ def group_schemas() -> dict[tuple[str, str], type]:
         ("process", "ve"): VEProcessConfig,
         ("process", "vp"): VPProcessConfig,
         ("process", "subvp"): SubVPProcessConfig,
+        ("process", "ou"): OUProcessConfig,
         ("model", "mlp"): MLPConfig,
         ("model", "unet"): UNetConfig,
         ("model", "local_mlp"): LocalMLPConfig,
@@ -452,6 +473,7 @@ def group_schemas() -> dict[tuple[str, str], type]:
         out[("sampler", name)] = sampler_schema(name)
     out[("sampler", "cfdm")] = CFDMSamplerConfig
     out[("score", "cfdm")] = CFDMScoreConfig
+    out[("score", "rdmc")] = RDMCScoreConfig
     return out
 
 

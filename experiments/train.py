@@ -24,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from experiments.common import clean_errors, hydra_app
-from experiments.runs import ScoreRun, train_and_sample
+from experiments.runs import ScoreRun, check_run, train_and_sample
 from experiments.schema import register_configs
 
 register_configs()
@@ -35,7 +35,11 @@ def run_training(cfg: DictConfig) -> Path:
     return train_and_sample(ScoreRun, cfg, Path(HydraConfig.get().runtime.output_dir))
 
 
-main = hydra_app("train")(run_training)
+def check_training(cfg: DictConfig) -> None:  # a sweep's check of each job before any starts
+    check_run(ScoreRun, cfg, Path(HydraConfig.get().runtime.output_dir))
+
+
+main = hydra_app("train", check=check_training)(run_training)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ metric of a run's samples beside its floor). The kinds implement only what diffe
 * :class:`ScoreRun` (``experiments.train``): a score network trained with an objective;
 * :class:`DistillRun` (``experiments.distill``): a one-step student distilled from a
   teacher score source;
-* :class:`TrainingFreeRun` (``experiments.sample experiment=cfdm_*``): a closed-form score
-  of the training set, sampled without training.
+* :class:`TrainingFreeRun` (``experiments.sample experiment=cfdm_*`` or ``rdmc_*``): a score
+  that needs no training (σ-CFDM's closed form of the training set, rdMC's estimate for a
+  target with a log-density), sampled without a checkpoint.
 
 From Python::
 
@@ -25,7 +26,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from experiments.runs.base import Run, TrainedRun, configure_jax, train_and_sample, train_run
+from experiments.runs.base import (
+    Run,
+    TrainedRun,
+    check_run,
+    configure_jax,
+    train_and_sample,
+    train_run,
+)
 from experiments.runs.distill import DistillRun
 from experiments.runs.layout import read_config, saved_steps
 from experiments.runs.score import ScoreRun
@@ -70,6 +78,7 @@ __all__ = [
     "ScoreRun",
     "DistillRun",
     "TrainingFreeRun",
+    "check_run",
     "configure_jax",
     "load_run",
     "read_config",

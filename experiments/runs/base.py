@@ -10,6 +10,7 @@ step. Each kind implements only what differs: :meth:`TrainedRun.build` (from its
 its ``fingerprint`` (what a checkpoint must match), its ``step_fn`` and :meth:`Run.draw`.
 
 * :func:`train_run`: train (or resume, or find complete) a run in its directory;
+  :func:`check_run`: its checks alone (a sweep checks every job with them first);
 * :meth:`TrainedRun.load` (:func:`experiments.runs.load_run`): a run directory's run and
   its state at a checkpoint;
 * :meth:`TrainedRun.save_samples` / :meth:`Run.write_samples`: draw and write samples
@@ -254,6 +255,18 @@ class TrainedRun(Run):
           ValueError: the checkpoint does not match the run's config.
         """
         configure_jax()
+        run = cls.prepare(run_dir, step, sampler_cfg)
+        return run, run.restore(Path(run_dir), step)
+
+    @classmethod
+    def prepare(cls, run_dir, step: int | None = None, sampler_cfg: DictConfig | None = None):
+        """What :meth:`load` checks and builds before it restores the checkpoint: the run
+        of ``run_dir``'s ``config.yaml`` with ``sampler_cfg``, once checkpoint ``step`` is
+        known to be there (a sweep of ``experiments.sample`` checks every job with it).
+
+        Raises:
+          as :meth:`load`, but for the checkpoint's contents.
+        """
         run_dir = Path(run_dir)
         cfg = read_config(run_dir)
         cfg.sampler = sampler_cfg if sampler_cfg is not None else cls.stored_sampler(cfg)
@@ -262,8 +275,7 @@ class TrainedRun(Run):
             raise FileNotFoundError(f"{run_dir / 'checkpoints'}: no checkpoint to sample from")
         if step is not None and step not in steps:
             raise FileNotFoundError(f"step={step}: no such checkpoint in {run_dir}; have {steps}")
-        run = cls.build(cfg)
-        return run, run.restore(run_dir, step)
+        return cls.build(cfg)
 
     def save_samples(
         self, state, run_dir: Path, *, use_ema: bool = True, progress: bool = True
@@ -441,6 +453,19 @@ def train_run(
         per_step = 1000 * wall / done
         print(f"trained {done} steps in {wall:.0f} s ({per_step:.1f} ms per step with compiling)")
     return run, state
+
+
+def check_run(kind: type[TrainedRun], cfg: DictConfig, run_dir: Path) -> None:
+    """What :func:`train_run` checks before it writes or compiles anything, without the
+    devices and the checkpoint: ``kind.build(cfg)`` (every config field; it loads the data
+    and initialises the networks) and that ``run_dir`` holds no run of another config.
+    A sweep runs it on every job before the first starts (``hydra_app(check=)``).
+
+    Raises:
+      ValueError, FileNotFoundError: naming the config field.
+    """
+    kind.build(cfg)
+    check_same_run(Path(run_dir), cfg)
 
 
 def train_and_sample(kind: type[TrainedRun], cfg: DictConfig, run_dir: Path) -> Path:

@@ -69,6 +69,8 @@ def train_loop(state, step_fn, **kwargs):
             **kwargs,
         )
     except training.Interrupted as e:
+        if e.signum in parallel.preempt_signals() and e.step is not None:  # submitit's signal
+            print(f"saved step {e.step} on {e.signum.name}", file=sys.stderr, flush=True)
         requeued = parallel.requeue_after_stop(e.signum)
         if requeued:
             print(requeued, file=sys.stderr, flush=True)

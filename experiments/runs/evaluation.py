@@ -268,7 +268,7 @@ def _two_sample(samples, gauss, dataset, feats, *, seed, draws) -> dict:
 
 
 #: How bits/dim are computed in the evaluation: one Rademacher probe per image (the mean over
-#: the test images averages the probes out) and a modest tolerance; see BPD_OPTIONS in README.
+#: the test images averages the probes out) and a modest tolerance (docs/evaluation.md).
 BPD_OPTIONS = {"divergence": "hutchinson", "probes": 1, "rtol": 1e-3, "atol": 1e-3}
 
 
@@ -448,7 +448,9 @@ def format_comparison(rows: dict) -> str:
 
 def format_points_table(r: dict) -> str:
     """A markdown table of :func:`evaluate_points`'s result: the samples' row beside the
-    floor's (another draw of the data) and the prior's, and the memorisation line."""
+    floor's (another draw of the data) and the prior's, the target evaluations the samples
+    cost (``target_evaluations``: ``{"grad", "density"}`` per sample, with ``nfe``) and the
+    memorisation line."""
     rows = [
         ("samples", ""),
         ("another draw of the data, as many points (floor)", "_floor"),
@@ -460,6 +462,13 @@ def format_points_table(r: dict) -> str:
         for label, k in rows
         if f"energy_distance{k}" in r
     ]
+    if "target_evaluations" in r:
+        ev = r["target_evaluations"]
+        lines += [
+            "",
+            f"Target evaluations per sample: {ev['grad']} gradients and {ev['density']} "
+            f"log-densities ({r['nfe']} score evaluations).",
+        ]
     if "mem_copy_rate" in r:
         lines += [
             "",
@@ -546,7 +555,8 @@ def evaluate_and_write(
       train: ``[N, d]`` the training points of a training-free score (2-D data: the
         memorisation statistics).
       title: printed above the table.
-      extra: more fields for ``eval.json`` (e.g. the samples' path).
+      extra: more fields for ``eval.json`` (e.g. the samples' path; for points,
+        ``target_evaluations`` and ``nfe`` are also printed under the table).
       rows: image data: ``{label: (nfe, samples)}`` of other samplers (a student's
         teacher) evaluated the same way and shown beside ``samples`` in one table
         (:func:`format_comparison`); their results go to ``eval.json`` under ``rows``.
@@ -584,6 +594,7 @@ def evaluate_and_write(
         n = samples.shape[0]
         ref, floor = data.reference(n, seed=seed + 1), data.reference(n, seed=seed + 2)
         result = evaluate_points(samples, ref, seed=seed, prior=prior, floor=floor, train=train)
+        result.update(extra or {})
         table = format_points_table(result)
     result.update(extra or {})
     atomic_write_text(Path(out_dir) / "eval.json", json.dumps(result, indent=2))

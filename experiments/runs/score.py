@@ -60,6 +60,25 @@ def parse_init_from(value: str) -> tuple[Path, int | None]:
     return Path(value), None
 
 
+def sampler_name_parts(record: dict) -> tuple[str, list[tuple[str, object]]]:
+    """``(head, extras)`` of the samples name of a registered sampler's ``record``
+    (:attr:`experiments.build.Sampling.record`): ``<name>_<steps>``, and the grid when it is
+    not the sampler's default grid, each grid option given, each sampler option that differs
+    from the sampler's default and ``float64`` (:func:`experiments.runs.layout.samples_name`
+    adds ``num_samples`` and ``seed``)."""
+    name = record["name"]
+    extras = []
+    if record["grid"] != get_sampler(name).default_grid:
+        extras.append(("grid", record["grid"]))
+    extras += [(k, record[k]) for k in schema.GRID_FIELDS if record.get(k) is not None]
+    for key, (_, default) in schema.sampler_options(name).items():
+        if key in record and record[key] != default:
+            extras.append((key, record[key]))
+    if record.get("float64"):
+        extras.append(("float64", True))
+    return f"{name}_{record['steps']}", extras
+
+
 def check_sampler(sampling: Sampling, source, data_shape) -> None:
     """Run the sampler's argument checks (and trace it once, without compiling or computing)."""
     jax.eval_shape(lambda: sampling(source, jax.random.key(0), (1, *data_shape))[0])
@@ -287,18 +306,9 @@ class ScoreRun(TrainedRun):
         not the sampler's default grid, each grid option given, each sampler option that
         differs from the sampler's default, ``float64``, and ``use_ema=false``."""
         record = sampling.record
-        name = record["name"]
-        extras = []
-        if record["grid"] != get_sampler(name).default_grid:
-            extras.append(("grid", record["grid"]))
-        extras += [(k, record[k]) for k in schema.GRID_FIELDS if record.get(k) is not None]
-        for key, (_, default) in schema.sampler_options(name).items():
-            if key in record and record[key] != default:
-                extras.append((key, record[key]))
-        if record.get("float64"):
-            extras.append(("float64", True))
+        head, extras = sampler_name_parts(record)
         return samples_name(
-            f"{name}_{record['steps']}",
+            head,
             num_samples=record["num_samples"],
             seed=record["seed"],
             extras=extras,

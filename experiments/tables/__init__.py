@@ -10,5 +10,5 @@ a table computes no estimator itself), writes what it computed into ``run_dir`` 
 returns ``{"tables": [{"name", "caption", "columns", "rows"}], "notes": [str], "seeds":
 [int], "figure": path or list of paths}``. The app (:mod:`experiments.reproduce`) writes
 every table as markdown, CSV and LaTeX with the seeds and the exact command, and the run
-metadata, with :mod:`experiments.tables.common`. README ("Adding a table") has the steps.
+metadata, with :mod:`experiments.tables.common`. docs/tables.md ("Adding a table") has the steps.
 """

@@ -30,9 +30,13 @@ from typing import Any
 
 import jax
 import numpy as np
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.common import git_revision, package_versions
+from experiments.common import CONFIG_DIR, git_revision, package_versions
+from experiments.runs import ScoreRun, train_run
+from experiments.schema import register_configs
 from scorelib._io import atomic_write_text
 
 Cell = Any
@@ -84,6 +88,61 @@ def scaled(cfg: DictConfig, base: str = "full") -> DictConfig:
     if scale not in (base, "smoke"):
         raise ValueError(f"table.scale must be '{base}' or 'smoke'; got {scale!r}")
     return OmegaConf.merge(tc, tc.get("smoke") or {}) if scale == "smoke" else tc
+
+
+def compose_config(config_name: str, overrides: Sequence[str]) -> DictConfig:
+    """The config of an entry point (``configs/<config_name>.yaml``: ``train``, ``distill``)
+    composed with ``overrides``, as its command line would (the schemas registered first;
+    inside the ``reproduce`` app, in its Hydra context)."""
+    register_configs()
+    if GlobalHydra.instance().is_initialized():
+        return compose(config_name=config_name, overrides=list(overrides))
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides))
+
+
+def check_digits_run(field: str, path) -> None:
+    """Refuse ``<field>=<path>`` (a table's ``table.model``, ``table.teacher``) unless it is
+    an ``experiments.train`` score run of the digits.
+
+    Raises:
+      FileNotFoundError: ``<field>=<path>: not an experiments.train run (no <path>/config.yaml)``.
+      ValueError: ``<field>=<path>: a distillation run ...`` or ``... a run of data=<name>; the
+        table needs a run of the digits ...``.
+    """
+    config = Path(path) / "config.yaml"
+    if not config.is_file():
+        raise FileNotFoundError(f"{field}={path}: not an experiments.train run (no {config})")
+    run_cfg = OmegaConf.load(config)
+    if "distill" in run_cfg:
+        raise ValueError(f"{field}={path}: a distillation run; the table needs a score run")
+    name = OmegaConf.select(run_cfg, "data.name")
+    if name != "digits":
+        raise ValueError(
+            f"{field}={path}: a run of data={name}; the table needs a run of the digits "
+            "(python -m experiments.train experiment=digits_edm)"
+        )
+
+
+def given_or_trained(given, overrides: Sequence[str], out: Path, log) -> Path:
+    """A table's score run: ``given`` (a run directory, checked by the caller), or, when it
+    is ``None``, ``experiments.train`` with ``overrides`` trained (or resumed) into ``out``."""
+    if given is not None:
+        return Path(given)
+    log(f"[{Path(out).name}] training {out} ({list(overrides)})")
+    cfg = compose_config("train", overrides)
+    train_run(ScoreRun, cfg, out, progress=False, handle_signals=False, tensorboard=False)
+    return Path(out)
+
+
+def run_revision(run_dir: Path) -> str:
+    """The git revision a run's first launch recorded (``run_info.json``), short, with
+    ``(dirty)`` for uncommitted changes; ``unknown`` without one."""
+    info = Path(run_dir) / "run_info.json"
+    git = {}
+    if info.is_file():
+        git = (json.loads(info.read_text()).get("launches") or [{}])[0].get("git") or {}
+    return git.get("commit", "unknown")[:7] + (" (dirty)" if git.get("dirty") else "")
 
 
 def pm(mean: float, std: float, sig: int = 3) -> str:

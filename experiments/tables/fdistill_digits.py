@@ -18,16 +18,22 @@ import os
 from pathlib import Path
 from typing import Any
 
-import hydra
 import jax
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from experiments.build import Sampling
-from experiments.runs import DistillRun, ScoreRun, load_run, train_run
+from experiments.runs import DistillRun, load_run, train_run
 from experiments.runs.evaluation import evaluate_images
 from experiments.runs.layout import pyplot, save_figure
-from experiments.tables.common import pm, scaled
+from experiments.tables.common import (
+    check_digits_run,
+    compose_config,
+    given_or_trained,
+    pm,
+    run_revision,
+    scaled,
+)
 from scorelib import distill
 from scorelib._checks import check_real
 from scorelib._io import atomic_write_text
@@ -52,44 +58,26 @@ def _settings(cfg: DictConfig) -> DictConfig:
     tc = scaled(cfg)
     for d in tc.divergences:
         distill.check_divergence(d, "table.divergences")
-    if tc.teacher is not None and not (Path(tc.teacher) / "config.yaml").is_file():
-        raise FileNotFoundError(f"table.teacher={tc.teacher}: not an experiments.train run")
+    if tc.teacher is not None:
+        check_digits_run("table.teacher", tc.teacher)
     for s_min in tc.few_step_sigma_min:
         check_real(s_min, "table.few_step_sigma_min", low=0.0, low_open=True)
     return tc
 
 
 def check_teacher(tc, run_dir: Path) -> None:
-    """Refuse ``table.teacher`` before any compute: a run of the digits whose every student
-    config builds (its data shape and model checked by ``experiments.distill``).
+    """Refuse ``table.teacher`` (a run of the digits: ``_settings``) before any compute
+    unless every student config builds on it (its data shape and model checked by
+    ``experiments.distill``).
 
     Raises:
       ValueError, FileNotFoundError: ``table.teacher=<run>: ...``.
     """
-    run_cfg = OmegaConf.load(Path(tc.teacher) / "config.yaml")
-    name = OmegaConf.select(run_cfg, "data.name")
-    if name != "digits":
-        raise ValueError(
-            f"table.teacher={tc.teacher}: a run of data={name}; the table needs a run of the "
-            "digits (python -m experiments.train experiment=digits_edm)"
-        )
     for d in tc.divergences:
         try:
             DistillRun.build(student_config(tc, d, Path(tc.teacher)))
         except (ValueError, FileNotFoundError) as e:
             raise type(e)(f"table.teacher={tc.teacher}: {e}") from e
-
-
-def teacher_run(tc, run_dir: Path, log) -> Path:
-    """The teacher run directory: ``table.teacher``, or one trained here."""
-    if tc.teacher is not None:
-        return Path(tc.teacher)
-
-    out = run_dir / "teacher"
-    log(f"[teacher] training {out}")
-    cfg = hydra.compose("train", overrides=list(tc.teacher_overrides))
-    train_run(ScoreRun, cfg, out, progress=False, handle_signals=False, tensorboard=False)
-    return out
 
 
 def teacher_samples(teacher_dir: Path, tc, seed: int, log) -> tuple[dict, Any, dict]:
@@ -155,7 +143,7 @@ def student_config(tc, divergence: str, teacher_dir: Path) -> DictConfig:
         f"distill.divergence={divergence}",
         *tc.overrides,
     ]
-    return hydra.compose("distill", overrides=overrides)
+    return compose_config("distill", overrides)
 
 
 def student(tc, divergence: str, teacher_dir: Path, run_dir: Path, log):
@@ -171,7 +159,7 @@ def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
     run_dir = Path(run_dir)
     if tc.teacher is not None:
         check_teacher(tc, run_dir)
-    teacher_dir = teacher_run(tc, run_dir, log)
+    teacher_dir = given_or_trained(tc.teacher, tc.teacher_overrides, run_dir / "teacher", log)
     results, figs, chosen = [], {}, {}
     for seed in tc.seeds:
         rows, trun, chosen[int(seed)] = teacher_samples(teacher_dir, tc, int(seed), log)
@@ -199,11 +187,7 @@ def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
 def teacher_note(tc, teacher_dir: Path, run_dir: Path) -> str:
     """Where the teacher came from, as the command or relative to the run (no absolute
     paths), with the revision its run recorded."""
-    info = Path(teacher_dir) / "run_info.json"
-    git = {}
-    if info.is_file():
-        git = (json.loads(info.read_text()).get("launches") or [{}])[0].get("git") or {}
-    rev = git.get("commit", "unknown")[:7] + (" (dirty)" if git.get("dirty") else "")
+    rev = run_revision(teacher_dir)
     if tc.teacher is not None:
         return f"Teacher: `table.teacher={tc.teacher}` (an experiments.train run at revision {rev})"
     return (

@@ -41,15 +41,12 @@ from typing import Any
 
 import jax
 import numpy as np
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
 from experiments import build
 from experiments.runs import ScoreRun, configure_jax, load_run, train_run
 from experiments.runs.layout import pyplot, save_figure
-from experiments.schema import register_configs
-from experiments.tables.common import scaled
+from experiments.tables.common import compose_config, scaled
 from scorelib._io import atomic_write_text
 from scorelib.metrics import (
     ClassifierConfig,
@@ -69,16 +66,6 @@ PAPER = "Wang & Vastola, TMLR 2024 (arXiv 2412.09726)"
 
 
 # --------------------------------------------------------------------------- models
-def _compose_train_cfg(overrides: list[str]) -> DictConfig:
-    """The ``experiments.train`` config for ``overrides`` (Hydra compose of configs/train.yaml)."""
-    register_configs()
-    if GlobalHydra.instance().is_initialized():
-        return compose(config_name="train", overrides=list(overrides))
-    conf_dir = str(Path(__file__).resolve().parents[2] / "configs")
-    with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
-        return compose(config_name="train", overrides=list(overrides))
-
-
 def train_model(overrides: list[str], model_dir: Path, *, progress: bool = False) -> float:
     """Train (or resume, or reuse) the model of ``experiments.train`` + ``overrides`` in
     ``model_dir`` with :func:`experiments.runs.train_run` (the entry point's own checks).
@@ -86,7 +73,7 @@ def train_model(overrides: list[str], model_dir: Path, *, progress: bool = False
     Returns:
       wall seconds spent (near 0 when the run was already complete).
     """
-    cfg = _compose_train_cfg(overrides)
+    cfg = compose_config("train", overrides)
     t0 = time.perf_counter()
     extra = {"trained_by": "experiments.tables.gaussian_teleport", "overrides": list(overrides)}
     train_run(

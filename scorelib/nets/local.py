@@ -14,7 +14,7 @@ neighbourhood of ``p``, of ``p``'s position and of the noise level only (a per-p
 with shared weights, i.e. a CNN with one ``(2 radius + 1)``-wide convolution followed by 1x1
 convolutions, plus a learned embedding of the position).
 
-On the 8x8 digits (the main job, README "How the preset was chosen") this is what lets an
+On the 8x8 digits (the main job, docs/main-job.md, "How the preset was chosen") this is what lets an
 MLP-sized network make digits a classifier cannot easily tell from real ones without
 copying training digits: the local part cannot look up a whole training image.
 """

@@ -374,7 +374,7 @@ def check_accelerator(gpus_per_node: int, *, allow_cpu: bool, environ=None) -> s
         raise ValueError(
             f"{want} GPU(s) per node were asked for (cluster.gpus_per_node={gpus_per_node}, "
             f"Slurm: {requested_gpus(environ)}) but JAX sees only the CPU: install a CUDA "
-            "build of JAX on the cluster (pip install -e '.[cuda]', see README), or set "
+            "build of JAX on the cluster (pip install -e '.[cuda]', see docs/clusters.md), or set "
             "cluster.allow_cpu=true to train on the CPU anyway"
         )
     return backend
@@ -452,9 +452,10 @@ def requeue_after_stop(signum: int, environ: Mapping[str, str] | None = None) ->
 
     * SIGUSR1 in a Slurm job: ``scontrol requeue <job>`` from task 0 (the other tasks saved
       the same step and exit).
-    * submitit's preemption signal: the handler submitit had installed (the one active
-      now that the loop has put its handlers back) is called: it requeues the job, counting
-      ``max_num_timeout``, and exits.
+    * submitit's preemption signal, in a submitit job on Slurm or on this machine
+      (``hydra/launcher=submitit_local``): the handler submitit had installed (the one
+      active now that the loop has put its handlers back) is called: it requeues the job,
+      counting ``max_num_timeout``, and exits (the local executor restarts the job).
     * SIGINT (a user), SIGTERM (``scancel``, or a preemption that Slurm requeues itself),
       or no Slurm job: nothing.
 
@@ -465,14 +466,14 @@ def requeue_after_stop(signum: int, environ: Mapping[str, str] | None = None) ->
       ``None`` when nothing was done.
     """
     env = _env(environ)
-    job = slurm_job_id(env)
-    if job is None or signum in (signal.SIGINT, signal.SIGTERM):
+    if signum in (signal.SIGINT, signal.SIGTERM):
         return None
     handler = signal.getsignal(signum)
     if signum in preempt_signals(env) and callable(handler):
         handler(signum, None)  # submitit: checkpoint the submission, requeue, exit
         return None
-    if signum != signal.SIGUSR1:
+    job = slurm_job_id(env)
+    if job is None or signum != signal.SIGUSR1:
         return None
     if (_env_int(env, "SLURM_PROCID") or 0) != 0:
         return None

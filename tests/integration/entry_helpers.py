@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -93,6 +94,22 @@ def run_inprocess(module: str, *overrides: str) -> Result:
     finally:
         sys.argv = argv
     return Result(code, out.getvalue(), err.getvalue())
+
+
+def smoke_table(name: str, stems: tuple[str, ...], run_dir: Path) -> tuple[dict, dict]:
+    """``python -m experiments.reproduce table=<name> table.scale=smoke`` in-process into
+    ``run_dir``; checks that it succeeded and wrote ``<name>_<stem>.md/.csv/.tex`` for each
+    of ``stems``, ``figure.png`` and ``metadata.json`` (with the command); returns
+    ``(metadata, results.json)``."""
+    r = run_inprocess("reproduce", f"table={name}", "table.scale=smoke", f"hydra.run.dir={run_dir}")
+    assert r.code == 0, r.stderr[-3000:]
+    for stem in stems:
+        for ext in (".md", ".csv", ".tex"):
+            assert (run_dir / f"{name}_{stem}{ext}").is_file(), (stem, ext)
+    assert (run_dir / "figure.png").stat().st_size > 5_000
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    assert f"table={name}" in meta["command"] and meta["git"]
+    return meta, json.loads((run_dir / "results.json").read_text())
 
 
 def assert_table_refused(run_dir: Path, table: str, override: str, needle: str) -> None:

@@ -2,25 +2,15 @@
 the sampler driver on a mixture and a many-well, ULA/MALA at the same gradient count, mode
 masses, energy distance, writer, figure) and its one-line refusals."""
 
-import json
-
 import pytest
-from entry_helpers import run_inprocess
+from entry_helpers import run_inprocess, smoke_table
 
 pytestmark = pytest.mark.slow
 
 
 def test_rdmc_smoke(tmp_path):
     run_dir = tmp_path / "run"
-    r = run_inprocess("reproduce", "table=rdmc", "table.scale=smoke", f"hydra.run.dir={run_dir}")
-    assert r.code == 0, r.stderr[-3000:]
-    for stem in ("summary", "mass"):
-        for ext in (".md", ".csv", ".tex"):
-            assert (run_dir / f"rdmc_{stem}{ext}").is_file(), (stem, ext)
-    assert (run_dir / "figure.png").stat().st_size > 5_000
-    meta = json.loads((run_dir / "metadata.json").read_text())
-    assert "table=rdmc" in meta["command"] and meta["git"]
-    res = json.loads((run_dir / "results.json").read_text())
+    _, res = smoke_table("rdmc", ("summary", "mass"), run_dir)
     assert set(res) == {"gmm4", "manywell4"}
     for rows in res.values():
         rdmc = rows["rdMC (MALA inner, importance start)"][0]

@@ -310,9 +310,12 @@ def test_submitit_signal_goes_to_submitits_handler_after_the_save():
     old = signal.signal(signal.SIGUSR2, lambda signum, frame: called.append(signum))
     try:
         assert parallel.requeue_after_stop(signal.SIGUSR2, env) is None
+        # a submitit job on this machine (submitit_local): no Slurm job, submitit requeues
+        assert parallel.requeue_after_stop(signal.SIGUSR2, {"SUBMITIT_FOLDER": "/x"}) is None
+        assert parallel.requeue_after_stop(signal.SIGUSR2, {}) is None  # not in submitit
     finally:
         signal.signal(signal.SIGUSR2, old)
-    assert called == [signal.SIGUSR2]
+    assert called == [signal.SIGUSR2] * 2
 
 
 # --------------------------------------------------------------------------- same numbers

@@ -3,11 +3,12 @@
 (a) ``sbatch slurm/train.sbatch`` with 2 tasks (two JAX processes) gives the single-process
     result;
 (b) a Hydra ``-m`` sweep through the submitit Slurm launcher and the ``cluster/`` group:
-    every job's outputs and exit state; a failing job makes the sweep exit non-zero with
-    the job's error;
+    every job's outputs and exit state; a job failing at run time is one line with its error
+    and log, and the sweep exits 1; an invalid job refuses the sweep before any submission;
 (c) SIGUSR1 (the batch script's time-limit warning) makes the trainer save, requeue its own
     job, and the requeued job resumes and ends with the uninterrupted result, bit for bit;
-    submitit's time-limit signal (USR2) makes the trainer save before submitit requeues;
+    submitit's time-limit signal (USR2) makes the trainer save before submitit requeues, and
+    the sweep ends without a failure;
 (d) the paper-scale CIFAR-10 f-distill preset (``experiment=fdistill_cifar10``) runs through
     the launcher, sizes shrunk and nothing else: a tiny U-Net teacher trained on a
     CIFAR-shaped ``.npz``, two divergences in one sweep, then ``experiments.sample``.
@@ -76,37 +77,53 @@ def test_sbatch_two_tasks_equals_one_process(slurm, tmp_path):
     assert '"devices": [\n' in (two / "run_info.json").read_text()
 
 
+def _sweep(slurm, tmp_path, *args, timeout=300):
+    cmd = [sys.executable, "-m", "experiments.train", "-m", "hydra/launcher=slurm", "cluster=cpu"]
+    return slurm.cmd(*cmd, *args, cwd=tmp_path, check=False, timeout=timeout)
+
+
+def _jobs(sweep) -> list[str]:
+    folder = sweep / ".submitit"
+    return sorted(p.name for p in folder.iterdir() if re.fullmatch(r"\d+_\d+", p.name))
+
+
 def test_hydra_sweep_through_submitit(slurm, tmp_path):
+    """Every job's outputs and Slurm state; a job that fails at run time (its loss is not
+    finite at once: learning rate 1e30) is one line with its error and log (issue 21, 5:
+    a 48-line UncompletedJobError), FAILED in Slurm's accounting; the other job is done;
+    the sweep's status is 1."""
     args = [*SMALL, "trainer.steps=20", "cluster.mem_gb=1", "cluster.cpus_per_task=1"]
-    proc = slurm.cmd(
-        sys.executable,
-        "-m",
-        "experiments.train",
-        "-m",
-        "hydra/launcher=slurm",
-        "cluster=cpu",
-        "cluster.time_min=10",
-        *args,
-        "trainer.seed=0,1,-1",  # the third job fails on its config, in the job
-        cwd=tmp_path,
-        check=False,
-        timeout=300,
-    )
-    assert proc.returncode != 0, proc.stdout
-    assert "error: trainer.seed must be an integer >= 0; got -1" in proc.stderr, proc.stderr
-    assert "state: FAILED" in proc.stderr
+    proc = _sweep(slurm, tmp_path, "cluster.time_min=10", *args, "optim.lr=0.001,1e30")
+    assert proc.returncode == 1, (proc.stdout[-2000:], proc.stderr[-3000:])
     sweep = tmp_path / "outputs/toy_dsm"
-    jobs = sorted(
-        p.name for p in (sweep / ".submitit").iterdir() if re.fullmatch(r"\d+_\d+", p.name)
-    )
-    states = {row[0]: row[1:] for j in jobs for row in slurm.sacct(j)}
-    assert sorted(states.values()) == [("COMPLETED", "0:0")] * 2 + [("FAILED", "2:0")]
-    # each job wrote where the same run outside Slurm writes: outputs/<name>/<overrides>
-    for seed in (0, 1):
-        run_dir = sweep / f"{RUN}+trainer.seed-{seed}"
-        assert list(losses(run_dir)) == [10, 20]
-        assert samples(run_dir, 20).shape == (64, 2)
-    assert not (sweep / f"{RUN}+trainer.seed--1" / "checkpoints").exists()
+    run_dir = sweep / "model.width-32+optim.lr-0.001+trainer.batch_size-64"
+    jobs = _jobs(sweep)
+    log = f"outputs/toy_dsm/.submitit/{jobs[1]}/{jobs[1]}_0_log.err"
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert re.fullmatch(
+        rf"failed: optim\.lr=1e\+30: non-finite loss at step 1 \(log: {re.escape(log)}\)",
+        lines[0],
+    ), lines
+    assert lines[1] == "error: 1 of 2 jobs failed"
+    states = [row[1:] for j in jobs for row in slurm.sacct(j)]
+    assert states == [("COMPLETED", "0:0"), ("FAILED", "1:0")]
+    # the job wrote where the same run outside Slurm writes: outputs/<name>/<overrides>
+    assert list(losses(run_dir)) == [10, 20]
+    assert samples(run_dir, 20).shape == (64, 2)
+
+
+def test_an_invalid_job_refuses_the_sweep_before_anything_is_submitted(slurm, tmp_path):
+    """Issue 21, 5: the valid job used to run first; now no job reaches Slurm."""
+    before = slurm.cmd("sacct", "-n", "-X", "-a", "-o", "JobID").stdout.split()
+    proc = _sweep(slurm, tmp_path, *SMALL, "trainer.steps=20", "trainer.seed=0,-1")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.splitlines() == [
+        "invalid: trainer.seed=-1: trainer.seed must be an integer >= 0; got -1",
+        "error: the sweep is refused: 1 of 2 jobs are invalid; no job was started",
+    ]
+    assert not (tmp_path / "outputs").exists()
+    assert slurm.cmd("sacct", "-n", "-X", "-a", "-o", "JobID").stdout.split() == before
 
 
 def test_sigusr1_saves_requeues_and_resumes_bit_identical(slurm, tmp_path):
@@ -167,6 +184,7 @@ def test_submitit_time_limit_signal_saves_before_requeue(slurm, tmp_path):
         if sweep.poll() is None:
             sweep.kill()
     assert sweep.returncode == 0, out
+    assert "Traceback" not in out and "failed:" not in out, out[-3000:]
     logs = tmp_path / "outputs/toy_dsm/.submitit" / job
     err, out = (logs / f"{job}_0_log.err").read_text(), (logs / f"{job}_0_log.out").read_text()
     assert "Caught signal SIGUSR2" in err, err[-3000:]
@@ -176,10 +194,11 @@ def test_submitit_time_limit_signal_saves_before_requeue(slurm, tmp_path):
     # ckpt_every=100000: the step it resumed from was saved on the signal, before the requeue
     resumed = re.findall(r"from step (\d+) of 5000", out)
     assert len(resumed) == 1 and 10 <= int(resumed[0]) < steps, out[-3000:]
+    assert f"saved step {resumed[0]} on SIGUSR2" in err
     assert samples(run_dir, steps).shape == (64, 2)
 
 
-# (d) A tiny EDM U-Net teacher on 32x32x3 images, trained as the README's CIFAR-10 recipe
+# (d) A tiny EDM U-Net teacher on 32x32x3 images, trained as docs/clusters.md's CIFAR-10 recipe
 # trains one (experiment=mnist_edm, data=npz), with three levels (32, 16, 8) so that the
 # discriminator has a head at every resolution as at paper scale; no attention and one
 # residual block per level keep the distillation step's compilation (the test's cost) short.
@@ -230,7 +249,7 @@ def test_paper_scale_cifar10_fdistill_preset_runs_through_the_launcher(slurm, tm
     ``experiments.sample`` redraws the run's 32x32x3 one-step samples. (About 3 min on 2
     cores, nearly all of it XLA compiling the U-Net train and distillation steps.)"""
     rng = np.random.default_rng(0)
-    data = tmp_path / "cifar10.npz"  # the layout data=npz reads (README, CIFAR-10)
+    data = tmp_path / "cifar10.npz"  # the layout data=npz reads (docs/clusters.md)
     np.savez(
         data,
         images=rng.integers(0, 256, (32, 32, 32, 3), dtype=np.uint8),
