@@ -2,10 +2,8 @@
 model and DSM on noisy digits, DSM on clean digits, each an experiments.train run, judged
 against the clean test digits; writer, figure) and its one-line refusals."""
 
-import json
-
 import pytest
-from entry_helpers import assert_table_refused, run_inprocess
+from entry_helpers import assert_table_refused, smoke_table
 from omegaconf import OmegaConf
 
 pytestmark = pytest.mark.slow
@@ -14,18 +12,11 @@ LEVELS = "table.noise_levels must be a number in (0.0, inf)"
 
 def test_sure_smoke(tmp_path):
     run_dir = tmp_path / "run"
-    r = run_inprocess("reproduce", "table=sure", "table.scale=smoke", f"hydra.run.dir={run_dir}")
-    assert r.code == 0, r.stderr[-3000:]
-    for ext in (".md", ".csv", ".tex"):
-        assert (run_dir / f"sure_summary{ext}").is_file(), ext
-    assert (run_dir / "figure.png").stat().st_size > 5_000
-    meta = json.loads((run_dir / "metadata.json").read_text())
-    assert "table=sure" in meta["command"] and meta["git"]
+    _, res = smoke_table("sure", ("summary",), run_dir)
     # the SURE model learned from the noisy digits at the table's noise level
     cfg = OmegaConf.load(run_dir / "runs/sure_0.5_seed0/config.yaml")
     assert cfg.objective._target_.endswith("SURE") and cfg.data.noise_sigma == 0.5
     assert OmegaConf.load(run_dir / "runs/clean_seed0/config.yaml").data.noise_sigma is None
-    res = json.loads((run_dir / "results.json").read_text())
     rows = {(x["sigma_n"], x["label"]): x for x in res}
     assert set(rows) == {
         (None, "DSM, clean digits (reference)"),
