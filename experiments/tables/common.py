@@ -71,17 +71,22 @@ def fmt(v: Cell, sig: int = 3) -> str:
     return str(v)
 
 
-def scaled(cfg: DictConfig) -> DictConfig:
+def scaled(cfg: DictConfig, base: str = "full") -> DictConfig:
     """The table config resolved, with its ``smoke`` section merged over it when
     ``table.scale=smoke`` (the scale the tests run).
 
+    Args:
+      cfg: the table config.
+      base: the name of the scale its top-level fields give (``full``; ``small`` for a
+        table sized for a laptop CPU).
+
     Raises:
-      ValueError: ``table.scale`` is neither ``full`` nor ``smoke``.
+      ValueError: ``table.scale`` is neither ``base`` nor ``smoke``.
     """
     tc = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    scale = tc.get("scale", "full")
-    if scale not in ("full", "smoke"):
-        raise ValueError(f"table.scale must be 'full' or 'smoke'; got {scale!r}")
+    scale = tc.get("scale", base)
+    if scale not in (base, "smoke"):
+        raise ValueError(f"table.scale must be '{base}' or 'smoke'; got {scale!r}")
     return OmegaConf.merge(tc, tc.get("smoke") or {}) if scale == "smoke" else tc
 
 

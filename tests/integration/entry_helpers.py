@@ -112,6 +112,18 @@ def smoke_table(name: str, stems: tuple[str, ...], run_dir: Path) -> tuple[dict,
     return meta, json.loads((run_dir / "results.json").read_text())
 
 
+def assert_table_refused(run_dir: Path, table: str, override: str, needle: str) -> None:
+    """``experiments.reproduce table=<table> table.scale=smoke <override>`` exits with status 2
+    and one line of stderr holding ``needle``, having trained nothing under ``run_dir``."""
+    r = run_inprocess(
+        "reproduce", f"table={table}", "table.scale=smoke", override, f"hydra.run.dir={run_dir}"
+    )
+    assert r.code == 2, (override, r.stderr[-1500:])
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], r.stderr[-1500:]
+    assert not (run_dir / "runs").exists()  # refused before any training
+
+
 def copy_run(run_dir: Path, dest: Path) -> Path:
     """A copy of a run directory (to continue or break it without touching the original)."""
     shutil.copytree(run_dir, dest, ignore=shutil.ignore_patterns(".lock"))

@@ -1,0 +1,52 @@
+"""End to end: ``python -m experiments.reproduce table=sure table.scale=smoke`` (a SURE-Score
+model and DSM on noisy digits, DSM on clean digits, each an experiments.train run, judged
+against the clean test digits; writer, figure) and its one-line refusals."""
+
+import pytest
+from entry_helpers import assert_table_refused, smoke_table
+from omegaconf import OmegaConf
+
+pytestmark = pytest.mark.slow
+LEVELS = "table.noise_levels must be a number in (0.0, inf)"
+
+
+def test_sure_smoke(tmp_path):
+    run_dir = tmp_path / "run"
+    _, res = smoke_table("sure", ("summary",), run_dir)
+    # the SURE model learned from the noisy digits at the table's noise level
+    cfg = OmegaConf.load(run_dir / "runs/sure_0.5_seed0/config.yaml")
+    assert cfg.objective._target_.endswith("SURE") and cfg.data.noise_sigma == 0.5
+    assert OmegaConf.load(run_dir / "runs/clean_seed0/config.yaml").data.noise_sigma is None
+    rows = {(x["sigma_n"], x["label"]): x for x in res}
+    assert set(rows) == {
+        (None, "DSM, clean digits (reference)"),
+        (0.5, "SURE-Score, noisy digits"),
+        (0.5, "DSM, noisy digits"),
+        (0.5, "noisy training digits (no model)"),
+    }
+    for x in res:
+        assert 0 <= x["c2st_pixels_samples"] <= 1 and 0 <= x["recall_pixels_samples"] <= 1
+        assert x["two_sample_n"] == 100  # the smoke scale's samples, all against test digits
+    # noise at 0.5 on [-1, 1] images is told from clean digits by its pixels
+    assert rows[(0.5, "noisy training digits (no model)")]["c2st_pixels_samples"] > 0.8
+    summary = (run_dir / "sure_summary.md").read_text()
+    assert "clean training digits (floor)" in summary and "competitive with clean" in summary
+
+
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        (
+            "table.smoke.noise_levels=[0.5,0.0]",
+            "table.noise_levels must be a number in (0.0, inf); got 0.0",
+        ),
+        (
+            "table.smoke.noise_levels=[-0.2]",
+            "table.noise_levels must be a number in (0.0, inf); got -0.2",
+        ),
+        ("table.seeds=[0,0]", "table.seeds must be distinct integers"),
+        ("table.scale=full", "table.scale must be 'small' or 'smoke'; got 'full'"),
+    ],
+)
+def test_sure_refuses_bad_settings_in_one_line(tmp_path, override, needle):
+    assert_table_refused(tmp_path, "sure", override, needle)
