@@ -1,6 +1,7 @@
-"""Every sampler at N in {1, 2, 3, 10, 50} returns finite values for every process
-(terminal and degenerate steps), on a 2-D mixture with a nearly flat
-component, from the EDM grid (final sigma exactly 0, sigma from 80 to 0.002)."""
+"""Every sampler at N in {1, 2, 3, 10, 50} returns finite values (terminal and degenerate
+steps), on a 2-D mixture with a nearly flat component, from the EDM grid (final sigma
+exactly 0, sigma from 80 to 0.002): on VP at every N, on the other processes at the
+degenerate and the long grids (N in {1, 2, 50}; each N is a compile of its own)."""
 
 import jax
 import numpy as np
@@ -23,7 +24,7 @@ CONFIGS = {
 def test_finite_for_every_n(config, process, mixture_sources):
     src = mixture_sources[process]
     f = SAMPLERS[config.replace("_churn", "")]
-    for n in (1, 2, 3, 10, 50):
+    for n in (1, 2, 3, 10, 50) if process == "vp" else (1, 2, 50):
         x, info = f(src, jax.random.key(n), (4, 2), grid=edm_grid(n), **CONFIGS[config])
         assert x.shape == (4, 2)
         assert np.all(np.isfinite(np.asarray(x))), (config, process, n)

@@ -243,7 +243,7 @@ def _compose_distill(overrides):
 
 def test_paper_scale_cifar10_fdistill_preset_runs_through_the_launcher(slurm, tmp_path):
     """Issue 10: ``experiment=fdistill_cifar10`` with a user's U-Net teacher, through
-    ``hydra/launcher=slurm``: both jobs COMPLETED, each ran the preset's composed config
+    ``hydra/launcher=slurm``: the job COMPLETED, ran the preset's composed config
     (sizes and the job's resources overridden, nothing else), heads on every teacher feature
     map, checkpoints, finite losses on student and critic steps with R1 on, and
     ``experiments.sample`` redraws the run's 32x32x3 one-step samples. (About 3 min on 2
@@ -267,18 +267,18 @@ def test_paper_scale_cifar10_fdistill_preset_runs_through_the_launcher(slurm, tm
         "hydra/launcher=slurm",
         *CIFAR_JOB,
         *preset,
-        "distill.divergence=kl,js",
-        cwd=tmp_path,
+        "distill.divergence=kl",  # one job: the sweep's naming and the other jobs are
+        cwd=tmp_path,  # test_hydra_sweep_through_submitit's (a second U-Net job: 1 min more)
         check=False,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-5000:]
     sweep = tmp_path / "outputs/fdistill_cifar10"
     jobs = sorted(
-        p.name for p in (sweep / ".submitit").iterdir() if re.fullmatch(r"\d+_\d+", p.name)
+        p.name for p in (sweep / ".submitit").iterdir() if re.fullmatch(r"\d+(_\d+)?", p.name)
     )
-    assert len(jobs) == 2, jobs
-    assert [row[1:] for j in jobs for row in slurm.sacct(j)] == [("COMPLETED", "0:0")] * 2
+    assert len(jobs) == 1, jobs
+    assert [row[1:] for j in jobs for row in slurm.sacct(j)] == [("COMPLETED", "0:0")]
     for job in jobs:  # the heads read the teacher U-Net's features at every resolution
         out = (sweep / ".submitit" / job / f"{job}_0_log.out").read_text()
         assert (
@@ -286,8 +286,8 @@ def test_paper_scale_cifar10_fdistill_preset_runs_through_the_launcher(slurm, tm
             "32x32x8, 16x16x16, 8x8x16, 8x8x16" in out
         ), out[-3000:]
     runs = {}
-    for div in ("kl", "js"):
-        # each job wrote where the same single run writes: outputs/<name>/<overrides>
+    for div in ("kl",):
+        # the job wrote where the same single run writes: outputs/<name>/<overrides>
         run_dir = sweep / (
             f"distill.disc_width-8+distill.divergence-{div}+teacher.run_dir-teacher"
             "+trainer.batch_size-8"
