@@ -20,7 +20,12 @@ For each data set (a trained EDM network ``s_net``, its training split, its test
     ``num_samples`` samples against the test split, mean and std over the sampling seeds.
     The summary states the largest skip whose mean FD stays within one standard deviation
     (of the k = 0 seeds) of k = 0, for every skip up to it, and the NFE fraction it saves
-    (paper: 15-30%, FID 1.93 on CIFAR-10). Beside it: the FD floor
+    (paper: 15-30%, FID 1.93 on CIFAR-10). Beside the FD verdict, a two-sample one: every
+    seed's samples at skip k and at k = 0 start from the same noise, so the two sets are
+    paired, and a paired classifier two-sample test (:func:`scorelib.metrics.c2st`,
+    ``paired=True``, pixels quantised to the data's grey levels, seeds pooled) asks whether
+    a classifier tells the skip-k samples from the k = 0 ones; the largest skip not told
+    apart (p >= 0.05 for it and every skip before it) is the second verdict. Beside it: the FD floor
     (:func:`scorelib.metrics.fd_floor`, training images drawn with replacement) and the FD
     of the Gaussian alone (its closed-form flow to sigma = 0, NFE 0).
 
@@ -48,9 +53,11 @@ from experiments.runs import ScoreRun, configure_jax, load_run, train_run
 from experiments.runs.layout import pyplot, save_figure
 from experiments.tables.common import compose_config, scaled
 from scorelib._io import atomic_write_text
+from scorelib.data.images import quantise
 from scorelib.metrics import (
     ClassifierConfig,
     FeatureExtractor,
+    c2st,
     default_cache_dir,
     explained_fraction,
     fd_features,
@@ -146,6 +153,22 @@ def gaussian_only_samples(gaussian, data_shape, *, grid, seed, num_samples):
     return np.asarray(gaussian_flow(gaussian, x_T, sigma_from=float(grid[0]), sigma_to=0.0))
 
 
+def largest_indistinguishable_skip(rows: list[dict], alpha: float = 0.05) -> dict:
+    """Largest ``k`` such that every skip ``0 < k' <= k`` has a paired C2ST p-value against
+    k = 0 of at least ``alpha`` (``rows`` hold ``skip, nfe, c2st_p``).
+
+    Returns ``{skip, nfe, nfe_saved}`` (``nfe_saved`` a fraction of the k = 0 NFE).
+    """
+    rows = sorted(rows, key=lambda r: r["skip"])
+    base = best = rows[0]
+    assert base["skip"] == 0, "the sweep must include k = 0"
+    for r in rows[1:]:
+        if r["c2st_p"] < alpha:
+            break
+        best = r
+    return {"skip": best["skip"], "nfe": best["nfe"], "nfe_saved": 1.0 - best["nfe"] / base["nfe"]}
+
+
 def largest_safe_skip(rows: list[dict]) -> dict:
     """Largest ``k`` such that every skip ``k' <= k`` has ``fd_mean(k') <= fd_mean(0) + fd_std(0)``.
 
@@ -187,15 +210,19 @@ def skip_sweep(
     seeds,
     num_samples,
     batch_size,
+    paired_c2st=None,
     log=print,
 ) -> list[dict]:
-    """Rows ``{sampler, steps, skip, sigma_skip, nfe, fd_mean, fd_std, fd_seeds}``."""
+    """Rows ``{sampler, steps, skip, sigma_skip, nfe, fd_mean, fd_std, fd_seeds}``, and
+    ``c2st, c2st_se, c2st_p`` when ``paired_c2st(x_k, x_0) -> c2st dict`` is given (the
+    seeds' samples pooled; k = 0 against itself is not tested: accuracy 0.5, p = 1)."""
     grid = edm_grid(steps)
     rows = []
+    ref = None  # the k = 0 samples of every seed, pooled
     for k in skips:
         if k > steps - 1:
             continue
-        fds, info = [], {}
+        fds, info, xs = [], {}, []
         for seed in seeds:
             x, info = sample_teleported(
                 sampler_name,
@@ -209,6 +236,13 @@ def skip_sweep(
                 batch_size=batch_size,
             )
             fds.append(fd_of(x))
+            xs.append(np.asarray(x))
+        pooled = np.concatenate(xs)
+        if k == 0:
+            ref = pooled
+        two = {"accuracy": 0.5, "se": 0.0, "p_value": 1.0}
+        if paired_c2st is not None and k > 0:
+            two = paired_c2st(pooled, ref)
         rows.append(
             {
                 "sampler": sampler_name,
@@ -219,11 +253,15 @@ def skip_sweep(
                 "fd_mean": float(np.mean(fds)),
                 "fd_std": float(np.std(fds, ddof=1)) if len(fds) > 1 else 0.0,
                 "fd_seeds": [float(f) for f in fds],
+                "c2st": float(two["accuracy"]),
+                "c2st_se": float(two["se"]),
+                "c2st_p": float(two["p_value"]),
             }
         )
         log(
             f"  {sampler_name}-{steps} k={k} sigma={grid[k]:.3g} nfe={info['nfe']} "
-            f"FD={rows[-1]['fd_mean']:.2f}+-{rows[-1]['fd_std']:.2f}"
+            f"FD={rows[-1]['fd_mean']:.2f}+-{rows[-1]['fd_std']:.2f} "
+            f"C2ST vs k=0 {two['accuracy']:.3f} (p {two['p_value']:.2g})"
         )
     return rows
 
@@ -254,6 +292,11 @@ def analyse_dataset(
 
     def fd_of(images):
         return fd_features(features(images), ref_features)
+
+    def paired_c2st(x_k, x_0):  # pixels on the data's grey levels, as the data are stored
+        return c2st(
+            quantise(x_k, dataset.levels), quantise(x_0, dataset.levels), paired=True, seed=0
+        )
 
     timings = {}
     train = np.asarray(dataset.train, np.float32)
@@ -304,9 +347,12 @@ def analyse_dataset(
             seeds=list(tc.seeds),
             num_samples=int(tc.num_samples),
             batch_size=int(tc.batch_size),
+            paired_c2st=paired_c2st,
             log=log,
         )
         summary[key] = largest_safe_skip(sweeps[key])
+        two = largest_indistinguishable_skip(sweeps[key])
+        summary[key].update(c2st_skip=two["skip"], c2st_nfe_saved=two["nfe_saved"])
     timings["sweeps_s"] = time.perf_counter() - t0
 
     grid = edm_grid(int(tc.sweeps[0].steps))
@@ -474,6 +520,9 @@ def sweep_rows(results: dict) -> tuple[list[str], list[list]]:
         "FD per seed",
         "paired dFD vs k=0 (mean)",
         "paired dFD (std)",
+        "paired C2ST vs k=0",
+        "C2ST se",
+        "C2ST p",
         "paper",
     ]
     rows = []
@@ -499,6 +548,9 @@ def sweep_rows(results: dict) -> tuple[list[str], list[list]]:
                         " / ".join(f"{v:.4g}" for v in r["fd_seeds"]),
                         float(dfd.mean()),
                         float(dfd.std(ddof=1)) if dfd.size > 1 else 0.0,
+                        r.get("c2st", ""),
+                        r.get("c2st_se", ""),
+                        r.get("c2st_p", ""),
                         "",
                     ]
                 )
@@ -515,6 +567,8 @@ def summary_rows(results: dict) -> tuple[list[str], list[list]]:
         "NFE",
         "NFE saved",
         "FD limit (FD0 + sd0)",
+        "largest skip not told apart (paired C2ST p >= 0.05)",
+        "its NFE saved",
         "skip of lowest FD",
         "lowest FD",
         "FD floor (train vs test)",
@@ -533,6 +587,8 @@ def summary_rows(results: dict) -> tuple[list[str], list[list]]:
                     s["nfe"],
                     s["nfe_saved"],
                     s["fd_limit"],
+                    s.get("c2st_skip", ""),
+                    s.get("c2st_nfe_saved", ""),
                     s["min_fd_skip"],
                     s["min_fd"],
                     res.fd_floor,

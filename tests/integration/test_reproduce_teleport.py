@@ -25,6 +25,8 @@ def test_gaussian_teleport_smoke(tmp_path):
         "FD mean",
         "training set (exact)",
         "largest safe skip",
+        "paired C2ST vs k=0",
+        "largest skip not told apart (paired C2ST p >= 0.05)",
         "paper",
         "table=gaussian_teleport",
     ):

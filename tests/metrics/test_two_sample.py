@@ -59,6 +59,42 @@ def test_accuracy_is_the_out_of_fold_fraction_right():
     assert r["fold_accuracies"] == pytest.approx([np.mean(f) for f in right])
 
 
+def test_paired_sets_keep_each_pair_in_one_fold():
+    """Two sets of one law whose examples come in near-identical pairs (two samplers from
+    the same starts): split freely, the classifier predicts each test example by its
+    partner's label and scores far below chance; paired, it scores chance. A real change
+    of law on the same pairs is still told apart (the test can fail both ways)."""
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(500, 5))
+    partners = a + 0.01 * rng.normal(size=a.shape)
+    assert c2st(a, partners)["accuracy"] < 0.3
+    r = c2st(a, partners, paired=True)
+    assert abs(r["accuracy"] - 0.5) <= 3 * r["se"], r
+    same_law = c2st(a, -a, paired=True)  # -a has a's law N(0, I) exactly
+    assert abs(same_law["accuracy"] - 0.5) <= 3 * same_law["se"], same_law
+    shifted = c2st(a, partners + 0.3, paired=True)
+    assert shifted["accuracy"] > 0.55 and shifted["p_value"] < 1e-3, shifted  # Bayes: 0.63
+    # both members of a pair are predicted by a classifier trained without either
+    from sklearn.neighbors import KNeighborsClassifier
+
+    nn = c2st(a, partners, paired=True, classifier=KNeighborsClassifier(1))
+    assert abs(nn["accuracy"] - 0.5) <= 3 * nn["se"], nn
+    # accuracy and the pairs' standard error, recomputed by hand
+    from sklearn.model_selection import KFold
+
+    b = partners + 0.3
+    got = c2st(a, b, folds=4, seed=2, paired=True, classifier=LogisticRegression())
+    right = np.zeros((500, 2))
+    for tr, te in KFold(4, shuffle=True, random_state=2).split(a):
+        x = np.concatenate([a[tr], b[tr]]).astype(np.float32)
+        clf = LogisticRegression().fit(x, np.repeat([0, 1], len(tr)))
+        right[te, 0] = clf.predict(a[te].astype(np.float32)) == 0
+        right[te, 1] = clf.predict(b[te].astype(np.float32)) == 1
+    assert got["accuracy"] == pytest.approx(right.mean())
+    assert got["se"] == pytest.approx(right.mean(1).std(ddof=1) / math.sqrt(500))
+    assert got["p_value"] == pytest.approx(norm.sf((right.mean() - 0.5) / got["se"]))
+
+
 def test_same_seed_same_result():
     rng = np.random.default_rng(4)
     a, b = rng.normal(size=(2, 200, 4))

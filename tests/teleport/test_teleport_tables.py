@@ -30,6 +30,15 @@ def test_largest_safe_skip_is_contiguous_from_zero():
     assert gt.largest_safe_skip([row(0, 35, 10.0, 0.0), row(1, 33, 10.1, 0.0)])["skip"] == 0
 
 
+def test_largest_indistinguishable_skip_is_contiguous_from_zero():
+    ps = [1.0, 0.4, 0.06, 0.01, 0.5]  # k = 3 is told apart; k = 4 is not, but comes after
+    rows = [{"skip": k, "nfe": 35 - 2 * k, "c2st_p": p} for k, p in enumerate(ps)]
+    s = gt.largest_indistinguishable_skip(rows[::-1])
+    assert s == {"skip": 2, "nfe": 31, "nfe_saved": pytest.approx(4 / 35)}
+    assert gt.largest_indistinguishable_skip(rows, alpha=0.5)["skip"] == 0
+    assert gt.largest_indistinguishable_skip(rows, alpha=0.005)["skip"] == 4
+
+
 def test_settings_merge_smoke_and_validate():
     cfg = OmegaConf.load(CONFIGS / "gaussian_teleport.yaml")
     full = gt._settings(cfg)
