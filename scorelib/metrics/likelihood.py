@@ -127,7 +127,12 @@ def pf_ode_log_likelihood(
     x = jnp.asarray(x, state_dtype())
     prior = process.prior_logp if prior_logp is None else prior_logp
     keys = example_keys(key, x.shape[0], first_index)
-    return _solve(source, x, keys, divergence, probes, noise, rtol, atol, max_steps, prior)
+    x_T, delta, steps = _solve(source, x, keys, divergence, probes, noise, rtol, atol, max_steps)
+    # The prior enters after the solve, outside its compiled program: a solve is compiled once
+    # whatever the prior (a Python callable; a bound ``process.prior_logp`` of an equal process
+    # built anew hashes differently), not once per prior.
+    prior_term = prior(jnp.reshape(x_T, x.shape))
+    return prior_term + delta, {"num_steps": steps, "prior_logp": prior_term}
 
 
 def state_dtype():
@@ -137,8 +142,9 @@ def state_dtype():
     return jax.dtypes.canonicalize_dtype(np.float64)
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7, 8, 9))
-def _solve(source, x, keys, divergence, probes, noise, rtol, atol, max_steps, prior):
+@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7, 8))
+def _solve(source, x, keys, divergence, probes, noise, rtol, atol, max_steps):
+    """``(x_T [batch, d], divergence integral [batch], solver steps [batch])`` per example."""
     process = source.process
     shape = x.shape[1:]
     d = math.prod(shape)
@@ -172,9 +178,7 @@ def _solve(source, x, keys, divergence, probes, noise, rtol, atol, max_steps, pr
         x_T, delta = sol.ys[0][-1], sol.ys[1][-1]
         return x_T, delta, sol.stats["num_steps"]
 
-    x_T, delta, steps = jax.vmap(one)(x, keys)
-    prior_term = prior(jnp.reshape(x_T, x.shape))
-    return prior_term + delta, {"num_steps": steps, "prior_logp": prior_term}
+    return jax.vmap(one)(x, keys)
 
 
 def dequantise(

@@ -93,26 +93,31 @@ def test_hutchinson_mean_and_variance_against_closed_form():
     aj = jnp.asarray(a, jnp.float32)
     fn = lambda z: aj @ z + 0.0 * jnp.sin(z)  # noqa: E731  (linear: J = A everywhere)
     x = jnp.ones(d)
-    assert float(exact_divergence(fn, x)) == pytest.approx(np.trace(a), rel=1e-5)
     n = 4000
-    keys = jax.random.split(jax.random.key(0), n)
-    for noise in ("rademacher", "gaussian"):
-        for probes in (1, 4):
-            est = jax.vmap(
-                lambda k, p=probes, nz=noise: hutchinson_divergence(
-                    fn, x, probe_vectors(k, p, d, nz)
-                )
-            )(keys)
-            est = np.asarray(est, np.float64)
-            assert abs(est.mean() - np.trace(a)) < 3 * est.std() / math.sqrt(n), (noise, probes)
-            # averaged, not summed: the variance falls as 1 / probes
-            assert est.var() == pytest.approx(var_one[noise] / probes, rel=0.12), (noise, probes)
+    cases = [(noise, probes) for noise in ("rademacher", "gaussian") for probes in (1, 4)]
+
+    def one(k, probes, noise):
+        return hutchinson_divergence(fn, x, probe_vectors(k, probes, d, noise))
+
+    @jax.jit
+    def estimates(keys):  # every case in one compiled call (eager vmaps compile op by op)
+        ests = [jax.vmap(lambda k, p=p, nz=nz: one(k, p, nz))(keys) for nz, p in cases]
+        return exact_divergence(fn, x), ests
+
+    exact, ests = estimates(jax.random.split(jax.random.key(0), n))
+    assert float(exact) == pytest.approx(np.trace(a), rel=1e-5)
+    for (noise, probes), est in zip(cases, ests, strict=True):
+        est = np.asarray(est, np.float64)
+        assert abs(est.mean() - np.trace(a)) < 3 * est.std() / math.sqrt(n), (noise, probes)
+        # averaged, not summed: the variance falls as 1 / probes
+        assert est.var() == pytest.approx(var_one[noise] / probes, rel=0.12), (noise, probes)
 
 
 def test_hutchinson_likelihood_is_unbiased(gaussian):
     mu, cov, x = gaussian
     source = GaussianScore.from_covariance(EDM(), mu, cov)
-    exact, _ = pf_ode_log_likelihood(source, x[:1], jax.random.key(0), divergence="exact")
+    # the whole fixture batch: the solve test_gaussian_closed_form[EDM] compiled
+    exact, _ = pf_ode_log_likelihood(source, x, jax.random.key(0), divergence="exact")
     many = np.repeat(x[:1], 64, axis=0)  # each copy draws its own probes (fold_in)
     est1, _ = pf_ode_log_likelihood(source, many, jax.random.key(1), probes=1, noise="gaussian")
     est4, _ = pf_ode_log_likelihood(source, many, jax.random.key(1), probes=4, noise="gaussian")
@@ -155,13 +160,14 @@ def test_hutchinson_likelihood_and_bits_per_dim_in_float32_and_under_x64(precisi
         ref = np.asarray(_edm_standard_normal_logp(p.t_min)(jnp.asarray(x)), np.float64)
         np.testing.assert_allclose(np.asarray(logp), ref, atol=2e-4)
         # bits/dim by default (Hutchinson): against the closed form at the dequantised points
+        # (two examples, as above: the same compiled solve)
         levels = 17
-        bpd, info = bits_per_dim(g, np.zeros((1, 2)), key, levels=levels, prior_logp=prior)
+        bpd, info = bits_per_dim(g, np.zeros((2, 2)), key, levels=levels, prior_logp=prior)
         assert bpd.dtype == want_dtype
-        y = dequantise(np.zeros((1, 2)), jax.random.split(key)[0], levels=levels)
-        nll = -float(_edm_standard_normal_logp(p.t_min)(jnp.asarray(y))[0])
+        y = dequantise(np.zeros((2, 2)), jax.random.split(key)[0], levels=levels)
+        nll = -np.asarray(_edm_standard_normal_logp(p.t_min)(jnp.asarray(y)), np.float64)
         ref_bpd = (nll / 2 - math.log(level_spacing(levels))) / math.log(2)
-        assert float(bpd[0]) == pytest.approx(ref_bpd, abs=2e-4)
+        np.testing.assert_allclose(np.asarray(bpd, np.float64), ref_bpd, rtol=0, atol=2e-4)
 
 
 def _single_level(levels, low, high, n=48, d=2):
@@ -227,10 +233,11 @@ def test_same_bits_per_dim_in_zero_one_and_minus_one_one(gaussian):
 def test_same_key_same_number(gaussian):
     mu, cov, _ = gaussian
     source = GaussianScore.from_covariance(VP(), mu, cov)
-    x = quantise(np.random.default_rng(4).multivariate_normal(mu, cov, 3), 17)
-    first = bits_per_dim(source, x, jax.random.key(2), levels=17, probes=2)[0]
-    again = bits_per_dim(source, x, jax.random.key(2), levels=17, probes=2)[0]
-    other = bits_per_dim(source, x, jax.random.key(3), levels=17, probes=2)[0]
+    x = quantise(np.random.default_rng(4).multivariate_normal(mu, cov, 4), 17)
+    opts = dict(levels=17, rtol=1e-4, atol=1e-4)  # as the chunking test's: one solve
+    first = bits_per_dim(source, x, jax.random.key(2), **opts)[0]
+    again = bits_per_dim(source, x, jax.random.key(2), **opts)[0]
+    other = bits_per_dim(source, x, jax.random.key(3), **opts)[0]
     np.testing.assert_array_equal(np.asarray(first), np.asarray(again))
     assert not np.array_equal(np.asarray(first), np.asarray(other))
 
@@ -282,17 +289,16 @@ def test_an_examples_number_does_not_depend_on_its_batch(gaussian):
     (it reuses the first examples' keys)."""
     mu, cov, _ = gaussian
     source = GaussianScore.from_covariance(VP(), mu, cov)
-    x = quantise(np.random.default_rng(6).multivariate_normal(mu, cov, 5), 17)
+    x = quantise(np.random.default_rng(6).multivariate_normal(mu, cov, 4), 17)
     key = jax.random.key(7)
-    whole = np.asarray(bits_per_dim(source, x, key, levels=17, rtol=1e-4, atol=1e-4)[0])
+    opts = dict(levels=17, rtol=1e-4, atol=1e-4)  # two compiled solves: 4 and 2
+    whole = np.asarray(bits_per_dim(source, x, key, **opts)[0])
     parts = [
-        np.asarray(
-            bits_per_dim(source, x[a:b], key, levels=17, first_index=a, rtol=1e-4, atol=1e-4)[0]
-        )
-        for a, b in ((0, 2), (2, 5))
+        np.asarray(bits_per_dim(source, x[a:b], key, first_index=a, **opts)[0])
+        for a, b in ((0, 2), (2, 4))
     ]
     np.testing.assert_allclose(np.concatenate(parts), whole, rtol=0, atol=1e-5)
-    at_zero = np.asarray(bits_per_dim(source, x[2:5], key, levels=17, rtol=1e-4, atol=1e-4)[0])
-    assert np.max(np.abs(at_zero - whole[2:5])) > 1e-3
+    at_zero = np.asarray(bits_per_dim(source, x[2:4], key, **opts)[0])
+    assert np.max(np.abs(at_zero - whole[2:4])) > 1e-3
     with pytest.raises(ValueError, match="first_index"):
         bits_per_dim(source, x, key, levels=17, first_index=-1)
