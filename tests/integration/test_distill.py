@@ -96,17 +96,19 @@ def test_distill_gmm_resume_then_sample_and_evaluate(tmp_path):
 @pytest.mark.slow
 def test_distill_from_a_trained_run(toy_run, tmp_path):
     """The teacher is the toy run's network (VP process): student and fake start from
-    its weights, the discriminator heads read its hidden layers."""
+    its weights, the discriminator heads read its hidden layers. One step, the student's:
+    its forward pass is the critics' step's too (teacher, fake score, discriminator heads);
+    both steps run in test_distill_gmm_resume_then_sample_and_evaluate."""
     out = tmp_path / "from_run"
     args = [
         f"teacher.run_dir={toy_run}",
         "distill.backbone_width=null",
         "distill.backbone_depth=null",
         "distill.disc_width=8",
-        "trainer.steps=6",
+        "trainer.steps=1",
         "trainer.batch_size=16",
-        "trainer.log_every=3",
-        "trainer.ckpt_every=3",
+        "trainer.log_every=1",
+        "trainer.ckpt_every=1",
         "sampler.num_samples=100",
         "sampler.batch_size=100",
         f"hydra.run.dir={out}",
@@ -114,7 +116,7 @@ def test_distill_from_a_trained_run(toy_run, tmp_path):
     r = run_inprocess("distill", *args)
     assert r.code == 0, r.stderr
     assert "discriminator: 3 heads on the teacher network's features 256, 256, 256" in r.stdout
-    with np.load(out / "samples/step6/onestep_1_n100_seed0/samples.npz") as z:
+    with np.load(out / "samples/step1/onestep_1_n100_seed0/samples.npz") as z:
         assert z["samples"].shape == (100, 2) and np.isfinite(z["samples"]).all()
     bad = run_inprocess("distill", *args[:-1], "model=mlp", f"hydra.run.dir={tmp_path / 'x'}")
     assert bad.code == 2 and "error: model: the teacher run's model is used" in bad.stderr
@@ -154,10 +156,10 @@ FITTED = [
     "process=edm",
     "model=mlp",
     *TINY_NETWORKS,
-    "trainer.steps=2",
+    "trainer.steps=1",
     "trainer.batch_size=8",
     "trainer.log_every=1",
-    "trainer.ckpt_every=2",
+    "trainer.ckpt_every=1",
     "sampler.num_samples=20",
     "sampler.batch_size=20",
 ]
@@ -167,11 +169,12 @@ FITTED = [
 @pytest.mark.parametrize("kind", ["gaussian", "training_set"])
 def test_distill_a_fitted_teacher_of_the_digits(kind, tmp_path):
     """teacher.kind=gaussian (the Gaussian fit of the training digits) and training_set
-    (their exact noised score): two steps, finite one-step samples of the digits' shape."""
+    (their exact noised score): one step (the student's, whose forward pass through the
+    teacher is the critics' step's too), finite one-step samples of the digits' shape."""
     out = tmp_path / kind
     r = run_inprocess("distill", f"teacher.kind={kind}", *FITTED, f"hydra.run.dir={out}")
     assert r.code == 0, r.stderr
-    with np.load(out / "samples/step2/onestep_1_n20_seed0/samples.npz") as z:
+    with np.load(out / "samples/step1/onestep_1_n20_seed0/samples.npz") as z:
         assert z["samples"].shape == (20, 8, 8, 1) and np.isfinite(z["samples"]).all()
 
 
