@@ -20,16 +20,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 # A short toy_dsm run (VP process, DSM, 8 Gaussians on a ring of radius 2; Euler-Maruyama).
 # Every override is outside the run's identity, so it trains into outputs/toy_dsm.
+TOY_STEPS = 500
 TOY = [
     "experiment=toy_dsm",
-    "trainer.steps=1500",
+    f"trainer.steps={TOY_STEPS}",
     "trainer.log_every=50",
     "trainer.ckpt_every=250",
     "sampler.steps=100",
     "sampler.num_samples=1000",
     "sampler.batch_size=1000",
 ]
-TOY_SAMPLES = "samples/step1500/euler_maruyama_100_n1000_seed0"
+TOY_SAMPLES = f"samples/step{TOY_STEPS}/euler_maruyama_100_n1000_seed0"
 
 
 @dataclass

@@ -5,15 +5,16 @@ bad input refused before compute naming the field."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from entry_helpers import run, run_inprocess
+from entry_helpers import copy_run, run_inprocess
 from hydra import compose, initialize_config_dir
 
 from experiments.common import CONFIG_DIR
+from experiments.runs import saved_steps
 
 #: The smallest teacher, student and discriminator networks (SMOKE's and FITTED's).
 TINY_NETWORKS = [
@@ -41,36 +42,19 @@ def _same(a, b):
 
 
 @pytest.mark.slow
-def test_resumed_distillation_is_bit_identical(tmp_path):
-    """Uninterrupted 20 steps == 10 steps, then the same run continued to 20 (the whole
-    DistillState through the checkpoint: params, EMA, three optimizers, ratio means)."""
-    from experiments.runs import DistillRun
-    from scorelib import training
+def test_distill_gmm_resume_then_sample_and_evaluate(tmp_path):
+    """experiments.distill end to end through its ``main()`` (test_distill_cluster.py runs it
+    as a real ``python -m`` process): 20 steps, checkpoints at 10 and 20, one-step samples
+    and the ratio diagnostics logged; the same command again trains nothing. The resumed
+    run is bit identical to the uninterrupted one: the run as it was at step 10 (its step-10
+    checkpoint), continued by the same command to 20, ends with the uninterrupted run's
+    whole DistillState (params, EMA, three optimizers, ratio means) through the checkpoint.
+    Then experiments.sample and experiments.evaluate on the distillation run."""
+    from experiments.runs import load_run
 
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("distill", overrides=SMOKE + ["trainer.steps=20"])
-    run_ = DistillRun.build(cfg)
-    fresh = lambda: jax.tree.map(jnp.copy, run_.state)  # noqa: E731 (the step donates)
-    kw = dict(log_every=5, progress=False, handle_signals=False, tensorboard=False)
-    a = run_.checkpointer(tmp_path / "a")
-    whole = jax.device_get(training.train(fresh(), run_.step_fn, num_steps=20, ckpt=a, **kw))
-    a.close()
-    b = run_.checkpointer(tmp_path / "b")
-    half = training.train(fresh(), run_.step_fn, num_steps=10, ckpt=b, **kw)
-    assert int(half.step) == 10
-    b.close()
-    b = run_.checkpointer(tmp_path / "b")
-    resumed = jax.device_get(training.train(fresh(), run_.step_fn, num_steps=20, ckpt=b, **kw))
-    b.close()
-    assert int(resumed.step) == 20 and int(whole.step) == 20
-    assert _same(resumed, whole)
-    assert not _same(whole.params["student"], jax.device_get(run_.state.params["student"]))
-
-
-@pytest.mark.slow
-def test_distill_gmm_cli_then_sample_and_evaluate(tmp_path):
     out = tmp_path / "run"
-    r = run("distill", *SMOKE, "trainer.steps=20", f"hydra.run.dir={out}", cwd=tmp_path)
+    command = [*SMOKE, "trainer.steps=20"]
+    r = run_inprocess("distill", *command, f"hydra.run.dir={out}")
     assert r.code == 0, r.stderr
     assert (out / "samples/step20/onestep_1_n200_seed0/samples.npz").is_file()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -80,9 +64,24 @@ def test_distill_gmm_cli_then_sample_and_evaluate(tmp_path):
     assert "run directory" in r.stdout
     assert "discriminator: 1 head on its MLP backbone's features 16\n" in r.stdout
     # the same command again: complete, nothing retrained
-    again = run_inprocess("distill", *SMOKE, "trainer.steps=20", f"hydra.run.dir={out}")
+    again = run_inprocess("distill", *command, f"hydra.run.dir={out}")
     assert again.code == 0, again.stderr
     assert "resuming" not in again.stdout
+
+    # interrupted after step 10: the same command resumes from its checkpoint
+    half = copy_run(out, tmp_path / "half")
+    assert saved_steps(half) == [10, 20]
+    shutil.rmtree(half / "checkpoints" / "20")
+    resumed_cmd = run_inprocess("distill", *command, f"hydra.run.dir={half}")
+    assert resumed_cmd.code == 0, resumed_cmd.stderr
+    assert f"resuming {half} from step 10 of 20" in resumed_cmd.stdout
+    run_, whole = load_run(out, step=20)
+    _, resumed = load_run(half, step=20)
+    whole, resumed = jax.device_get(whole), jax.device_get(resumed)
+    assert int(resumed.step) == int(whole.step) == 20
+    assert _same(resumed, whole)
+    assert not _same(whole.params["student"], jax.device_get(run_.state.params["student"]))
+
     s = run_inprocess("sample", f"run_dir={out}", "sampler.num_samples=50", "sampler.seed=3")
     assert s.code == 0, s.stderr
     with np.load(out / "samples/step20/onestep_1_n50_seed3/samples.npz") as z:
@@ -97,17 +96,19 @@ def test_distill_gmm_cli_then_sample_and_evaluate(tmp_path):
 @pytest.mark.slow
 def test_distill_from_a_trained_run(toy_run, tmp_path):
     """The teacher is the toy run's network (VP process): student and fake start from
-    its weights, the discriminator heads read its hidden layers."""
+    its weights, the discriminator heads read its hidden layers. One step, the student's:
+    its forward pass is the critics' step's too (teacher, fake score, discriminator heads);
+    both steps run in test_distill_gmm_resume_then_sample_and_evaluate."""
     out = tmp_path / "from_run"
     args = [
         f"teacher.run_dir={toy_run}",
         "distill.backbone_width=null",
         "distill.backbone_depth=null",
         "distill.disc_width=8",
-        "trainer.steps=6",
+        "trainer.steps=1",
         "trainer.batch_size=16",
-        "trainer.log_every=3",
-        "trainer.ckpt_every=3",
+        "trainer.log_every=1",
+        "trainer.ckpt_every=1",
         "sampler.num_samples=100",
         "sampler.batch_size=100",
         f"hydra.run.dir={out}",
@@ -115,7 +116,7 @@ def test_distill_from_a_trained_run(toy_run, tmp_path):
     r = run_inprocess("distill", *args)
     assert r.code == 0, r.stderr
     assert "discriminator: 3 heads on the teacher network's features 256, 256, 256" in r.stdout
-    with np.load(out / "samples/step6/onestep_1_n100_seed0/samples.npz") as z:
+    with np.load(out / "samples/step1/onestep_1_n100_seed0/samples.npz") as z:
         assert z["samples"].shape == (100, 2) and np.isfinite(z["samples"]).all()
     bad = run_inprocess("distill", *args[:-1], "model=mlp", f"hydra.run.dir={tmp_path / 'x'}")
     assert bad.code == 2 and "error: model: the teacher run's model is used" in bad.stderr
@@ -155,10 +156,10 @@ FITTED = [
     "process=edm",
     "model=mlp",
     *TINY_NETWORKS,
-    "trainer.steps=2",
+    "trainer.steps=1",
     "trainer.batch_size=8",
     "trainer.log_every=1",
-    "trainer.ckpt_every=2",
+    "trainer.ckpt_every=1",
     "sampler.num_samples=20",
     "sampler.batch_size=20",
 ]
@@ -168,11 +169,12 @@ FITTED = [
 @pytest.mark.parametrize("kind", ["gaussian", "training_set"])
 def test_distill_a_fitted_teacher_of_the_digits(kind, tmp_path):
     """teacher.kind=gaussian (the Gaussian fit of the training digits) and training_set
-    (their exact noised score): two steps, finite one-step samples of the digits' shape."""
+    (their exact noised score): one step (the student's, whose forward pass through the
+    teacher is the critics' step's too), finite one-step samples of the digits' shape."""
     out = tmp_path / kind
     r = run_inprocess("distill", f"teacher.kind={kind}", *FITTED, f"hydra.run.dir={out}")
     assert r.code == 0, r.stderr
-    with np.load(out / "samples/step2/onestep_1_n20_seed0/samples.npz") as z:
+    with np.load(out / "samples/step1/onestep_1_n20_seed0/samples.npz") as z:
         assert z["samples"].shape == (20, 8, 8, 1) and np.isfinite(z["samples"]).all()
 
 

@@ -53,7 +53,12 @@ def test_submitit_time_limit_signal_saves_then_resume_is_bit_identical(tmp_path,
         cfg = compose("distill", overrides=[*SMOKE, f"trainer.steps={STEPS}"])
     cfg.trainer.ckpt_every = 100000  # only the signal and the end save
     built = DistillRun.build(cfg)
-    fresh = lambda: jax.tree.map(jnp.copy, built.state)  # noqa: E731 (the step donates)
+    # copies (the step donates), committed to the device as a restored checkpoint is, so that
+    # the resumed run reuses the uninterrupted run's executables (an uncommitted fresh state
+    # compiles the step a second time; test_distill.py resumes a fresh run's checkpoint
+    # through those other executables)
+    device = jax.devices()[0]
+    fresh = lambda: jax.device_put(jax.tree.map(jnp.copy, built.state), device)  # noqa: E731
     # one compiled step for the three runs: train_run builds the same run each time
     monkeypatch.setattr(
         DistillRun,

@@ -1,5 +1,8 @@
 """No work lost and no misleading state at the edges of a run's life (issue 21): a damaged
-checkpoint on resume, the run's own sampler, and every run saying whether it worked."""
+checkpoint on resume, the run's own sampler, and every run saying whether it worked.
+
+The damaged checkpoints go through a real ``python -m`` process (their warnings and errors
+on its stderr); the other commands through each module's ``main()``."""
 
 from __future__ import annotations
 
@@ -9,12 +12,9 @@ import os
 import numpy as np
 import pytest
 import yaml
-from entry_helpers import TOY, copy_run, run, run_inprocess
+from entry_helpers import TOY, TOY_STEPS, copy_run, run, run_inprocess
 
 pytestmark = pytest.mark.slow
-
-#: TOY continued by one checkpoint interval (its checkpoints: every 250 steps, the last 3 kept)
-MORE = [a for a in TOY if not a.startswith("trainer.steps=")] + ["trainer.steps=1750"]
 
 
 def _newest_steps(run_dir):
@@ -26,12 +26,12 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(toy_run, tmp_p
     run_dir = copy_run(toy_run, tmp_path / "outputs" / "toy_dsm")
     newest, before = _newest_steps(run_dir)[-1], _newest_steps(run_dir)[-2]
     (run_dir / f"checkpoints/{newest}/meta/metadata").write_text("")  # an empty JSON file
-    r = run("train", *MORE, cwd=tmp_path, check=False)
+    r = run("train", *TOY, cwd=tmp_path, check=False)  # the same command: the lost steps again
     assert r.code == 0, r.stderr[-3000:]
-    assert f"resuming {run_dir} from step {before} of 1750" in r.stdout, r.stdout
+    assert f"resuming {run_dir} from step {before} of {TOY_STEPS}" in r.stdout, r.stdout
     assert f"checkpoints/{newest} cannot be read (JSONDecodeError" in r.stderr
     assert "Traceback" not in r.stderr
-    assert 1750 in _newest_steps(run_dir)
+    assert TOY_STEPS in _newest_steps(run_dir)
     assert (run_dir / "checkpoints/unreadable" / str(newest)).is_dir()  # moved aside, kept
 
 
@@ -41,7 +41,7 @@ def test_no_readable_checkpoint_is_one_line_with_advice(toy_run, tmp_path):
         for data in (run_dir / f"checkpoints/{step}/state").rglob("d/*"):
             data.write_bytes(data.read_bytes()[:10])
     sample = run("sample", f"run_dir={run_dir}", cwd=tmp_path, check=False)
-    train = run("train", *MORE, cwd=tmp_path, check=False)
+    train = run("train", *TOY, cwd=tmp_path, check=False)
     for r in (sample, train):
         assert r.code == 1, r.stderr[-3000:]
         errors = [line for line in r.err_lines if line.startswith("error: ")]
@@ -51,29 +51,34 @@ def test_no_readable_checkpoint_is_one_line_with_advice(toy_run, tmp_path):
         assert "Traceback" not in r.stderr
 
 
-def test_the_runs_own_sampler_changes_only_when_asked(toy_run, tmp_path):
+def test_the_runs_own_sampler_changes_only_when_asked(toy_run, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # outputs/ lands here
     run_dir = copy_run(toy_run, tmp_path / "outputs" / "toy_dsm")
     stored = yaml.safe_load((run_dir / "config.yaml").read_text())["sampler"]
     other = [a for a in TOY if not a.startswith("sampler.")] + ["sampler.t_max=0.5"]
     other += ["sampler.num_samples=200", "sampler.batch_size=200", "sampler.steps=20"]
-    r = run("train", *other, cwd=tmp_path)  # the run is complete: it only draws samples
+    r = run_inprocess("train", *other)  # the run is complete: it only draws samples
+    assert r.code == 0, r.stderr[-3000:]
     assert "the run's own sampler stays" in r.stdout
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["sampler"] == stored
     e = run_inprocess("evaluate", f"run_dir={run_dir}")
     assert e.code == 0, e.stderr[-3000:]
     assert "evaluating " in e.stdout and "euler_maruyama_100_n1000_seed0" in e.stdout
-    assert "(euler_maruyama, 100 steps, checkpoint step 1500, EMA weights)" in e.stdout
+    assert f"(euler_maruyama, 100 steps, checkpoint step {TOY_STEPS}, EMA weights)" in e.stdout
     # with the flag, this command's sampler becomes the run's own
-    r = run("train", *other, "set_default_sampler=true", cwd=tmp_path)
+    r = run_inprocess("train", *other, "set_default_sampler=true")
+    assert r.code == 0, r.stderr[-3000:]
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["sampler"]["t_max"] == 0.5
     assert r.stdout.count("run directory: ") == 1 and str(run_dir) in r.stdout
 
 
-def test_training_says_whether_it_worked(tmp_path):
+def test_training_says_whether_it_worked(tmp_path, monkeypatch):
     """A toy run prints its evaluation when it ends: the samples' distances beside another
     draw of the data (the floor) and the prior's."""
+    monkeypatch.chdir(tmp_path)  # outputs/ lands here
     args = [a for a in TOY if not a.startswith("trainer.steps=")] + ["trainer.steps=50"]
-    r = run("train", *args, cwd=tmp_path)
+    r = run_inprocess("train", *args)
+    assert r.code == 0, r.stderr[-3000:]
     assert "| samples |" in r.stdout
     assert "| another draw of the data, as many points (floor) |" in r.stdout
     assert "| prior draws (baseline) |" in r.stdout

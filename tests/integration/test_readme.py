@@ -12,6 +12,7 @@ option, preset or field and a value of the wrong type.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -104,6 +105,30 @@ def _compose_all() -> tuple[int, list[str], list[str]]:
     return composed, skipped, failures
 
 
+#: Runs the marked blocks given as JSON on stdin, in order, in one Python process (one JAX
+#: start-up for all of them): a file block is written, a Python block is executed in a fresh
+#: namespace as ``__main__`` (as ``python -c`` would), a bash block runs in ``bash -e`` (its
+#: ``python -m`` commands are processes of their own). Stops at the first failing block,
+#: naming it, with exit status 1.
+RUNNER = """
+import json, subprocess, sys, traceback
+from pathlib import Path
+for page, action, name, lang, code in json.load(sys.stdin):
+    if action == "file":
+        Path(name).write_text(code)
+        continue
+    if lang == "python":
+        try:
+            exec(compile(code, f"<{page}>", "exec"), {"__name__": "__main__"})
+        except BaseException:
+            sys.exit(f"{page}:\\n{code}\\n--- {traceback.format_exc()[-3000:]}")
+        continue
+    proc = subprocess.run(["bash", "-ec", code], capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        sys.exit(f"{page}:\\n{code}\\n--- stderr:\\n{proc.stderr[-3000:]}")
+"""
+
+
 @pytest.mark.slow
 def test_the_docs_examples_run(toy_run, tmp_path):
     copy_run(toy_run, tmp_path / "outputs" / "toy_dsm")
@@ -111,12 +136,14 @@ def test_the_docs_examples_run(toy_run, tmp_path):
     env["PATH"] = f"{os.path.dirname(sys.executable)}{os.pathsep}{env['PATH']}"
     blocks = marked_blocks()
     assert {page for page, *_ in blocks} <= set(pages())
-    for page, action, name, lang, code in blocks:
-        if action == "file":
-            (tmp_path / name).write_text(code)
-            continue
-        cmd = [sys.executable, "-c", code] if lang == "python" else ["bash", "-ec", code]
-        proc = subprocess.run(
-            cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
-        )
-        assert proc.returncode == 0, f"{page.name}:\n{code}\n--- stderr:\n{proc.stderr[-3000:]}"
+    steps = [(page.name, action, name, lang, code) for page, action, name, lang, code in blocks]
+    proc = subprocess.run(
+        [sys.executable, "-c", RUNNER],
+        input=json.dumps(steps),
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]

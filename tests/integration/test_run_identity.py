@@ -9,7 +9,7 @@ import shlex
 
 import pytest
 from doc_pages import all_text
-from entry_helpers import ROOT, TOY, copy_run, run
+from entry_helpers import ROOT, TOY, TOY_STEPS, copy_run, run, run_inprocess
 from omegaconf import OmegaConf
 
 from experiments import schema
@@ -68,46 +68,56 @@ def test_the_docs_show_the_directory_each_training_example_writes():
 
 
 @pytest.mark.slow
-def test_another_sampler_reuses_the_checkpoint_and_more_steps_continue(toy_run, tmp_path):
+def test_another_sampler_reuses_the_checkpoint_and_more_steps_continue(
+    toy_run, tmp_path, monkeypatch
+):
+    """The commands run through ``experiments.train``'s ``main()`` in ``tmp_path``."""
     home = tmp_path
+    monkeypatch.chdir(home)  # outputs/ lands here
     run_dir = copy_run(toy_run, home / "outputs" / "toy_dsm")
     metrics = (run_dir / "metrics.jsonl").read_text()
     launches = len(json.loads((run_dir / "run_info.json").read_text())["launches"])
 
     # another sampler: the same run directory, no training, samples with the new sampler
     toy = [a for a in TOY if not a.startswith("sampler.steps=")]
-    r = run("train", *toy, "sampler=dpmpp_2m", "sampler.steps=10", cwd=home)
+    r = run_inprocess("train", *toy, "sampler=dpmpp_2m", "sampler.steps=10")
+    assert r.code == 0, r.stderr[-3000:]
     assert f"run directory: {run_dir}" in r.stdout, r.stdout
-    assert (run_dir / "samples/step1500/dpmpp_2m_10_n1000_seed0/samples.npz").is_file()
+    assert (run_dir / f"samples/step{TOY_STEPS}/dpmpp_2m_10_n1000_seed0/samples.npz").is_file()
     assert (run_dir / "metrics.jsonl").read_text() == metrics  # not one step trained
-    assert saved_steps(run_dir)[-1] == 1500
+    assert saved_steps(run_dir)[-1] == TOY_STEPS
     info = json.loads((run_dir / "run_info.json").read_text())
     assert len(info["launches"]) == launches + 1
     assert "sampler=dpmpp_2m" in info["launches"][-1]["command"]
     assert "sampling (dpmpp_2m)" in r.stderr  # the progress bar
 
     # a larger trainer.steps continues the run from its checkpoint
-    run("train", *TOY, "trainer.steps=1550", cwd=home)
-    assert saved_steps(run_dir)[-1] == 1550
+    more = TOY_STEPS + 50
+    r = run_inprocess("train", *TOY, f"trainer.steps={more}")
+    assert r.code == 0, r.stderr[-3000:]
+    assert saved_steps(run_dir)[-1] == more
     new = (run_dir / "metrics.jsonl").read_text()
-    assert new.startswith(metrics) and json.loads(new.splitlines()[-1])["step"] == 1550
-    assert (run_dir / "samples/step1550/euler_maruyama_100_n1000_seed0/samples.npz").is_file()
+    assert new.startswith(metrics) and json.loads(new.splitlines()[-1])["step"] == more
+    assert (run_dir / f"samples/step{more}/euler_maruyama_100_n1000_seed0/samples.npz").is_file()
 
     # a smaller one says so, naming the field, and writes nothing
     snapshot = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
-    r = run("train", *TOY, "trainer.steps=1000", cwd=home, check=False)
+    r = run_inprocess("train", *TOY, f"trainer.steps={TOY_STEPS // 2}")
     assert r.code == 2 and len(r.err_lines) == 1, r.stderr[-2000:]
-    assert "trainer.steps must be >= 1550" in r.err_lines[0]
+    assert f"trainer.steps must be >= {more}" in r.err_lines[0]
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == snapshot
 
 
 @pytest.mark.slow
 def test_a_refused_resume_writes_nothing(toy_run, tmp_path):
+    """A checkpoint of another model is refused clearly through the real command line:
+    exit status 2, one line naming the field, no traceback, and nothing written."""
     run_dir = copy_run(toy_run, tmp_path / "run")
     snapshot = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
     r = run("train", *TOY, "model.width=64", f"hydra.run.dir={run_dir}", check=False)
     assert r.code == 2 and len(r.err_lines) == 1, r.stderr[-2000:]
     assert "model.width: run 256, this command 64" in r.err_lines[0]
+    assert "Traceback" not in r.stderr
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == snapshot
 
 

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from entry_helpers import ROOT, copy_run
+from entry_helpers import ROOT, TOY_STEPS, copy_run
 
 from scorelib.parallel import forced_devices_env
 
@@ -24,7 +24,7 @@ def _sample(run_dir, devices: int, batch_size: int) -> np.ndarray:
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    (path,) = run_dir.glob("samples/step1500/euler_maruyama_20_n40_seed0/samples.npz")
+    (path,) = run_dir.glob(f"samples/step{TOY_STEPS}/euler_maruyama_20_n40_seed0/samples.npz")
     with np.load(path) as z:
         return z["samples"]
 

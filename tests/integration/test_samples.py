@@ -1,5 +1,8 @@
 """Samples are named by everything that changes them and record what was used; evaluate
-picks samples by an explicit rule (the arguments of the ``sample`` command that drew them)."""
+picks samples by an explicit rule (the arguments of the ``sample`` command that drew them).
+
+The commands run through each module's ``main()`` (the same code path as ``python -m``; the
+real processes are test_sample_devices.py's, test_edges.py's and test_errors.py's)."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from entry_helpers import ROOT, TOY_SAMPLES, run
+from entry_helpers import ROOT, TOY_SAMPLES, TOY_STEPS, run_inprocess
 from omegaconf import OmegaConf
 
 pytestmark = pytest.mark.slow
@@ -15,6 +18,13 @@ pytestmark = pytest.mark.slow
 
 def _load(path):
     return np.load(path / "samples.npz")["samples"]
+
+
+def run(module, *overrides):
+    """``experiments.<module> <overrides>`` in-process, checked to succeed."""
+    r = run_inprocess(module, *overrides)
+    assert r.code == 0, r.stderr[-3000:]
+    return r
 
 
 def test_use_ema_false_gets_its_own_directory_and_record(toy_run):
@@ -25,14 +35,14 @@ def test_use_ema_false_gets_its_own_directory_and_record(toy_run):
     assert f"samples: {raw_dir}" in r.stdout
     assert (ema_dir / "samples.npz").read_bytes() == before  # the EMA samples are untouched
     meta = json.loads((raw_dir / "samples.json").read_text())
-    assert meta["use_ema"] is False and meta["checkpoint_step"] == 1500
+    assert meta["use_ema"] is False and meta["checkpoint_step"] == TOY_STEPS
     assert "raw params" in meta["title"]
     assert not np.array_equal(_load(raw_dir), _load(ema_dir))
 
 
 def test_sampler_options_name_the_directory_and_only_used_fields_are_recorded(toy_run):
     run("sample", f"run_dir={toy_run}", "sampler=heun", "sampler.steps=8", "sampler.S_churn=40")
-    out = toy_run / "samples/step1500/heun_8_n1000_seed0+S_churn-40"
+    out = toy_run / f"samples/step{TOY_STEPS}/heun_8_n1000_seed0+S_churn-40"
     meta = json.loads((out / "samples.json").read_text())
     assert meta["sampler"] == {
         "name": "heun",
@@ -50,7 +60,7 @@ def test_sampler_options_name_the_directory_and_only_used_fields_are_recorded(to
     assert "VP, heun 8 steps" in meta["title"]  # plot titles say process and sampler
     # the grid's options are recorded when given, and name the directory
     run("sample", f"run_dir={toy_run}", "sampler=heun", "sampler.steps=8", "sampler.rho=3")
-    out = toy_run / "samples/step1500/heun_8_n1000_seed0+rho-3"
+    out = toy_run / f"samples/step{TOY_STEPS}/heun_8_n1000_seed0+rho-3"
     meta = json.loads((out / "samples.json").read_text())
     assert meta["sampler"]["rho"] == 3.0 and "sigma_min" not in meta["sampler"]
 
@@ -63,7 +73,7 @@ def test_evaluate_picks_the_samples_of_the_same_sample_arguments(toy_run):
         default / "samples.npz"
     )
     run("sample", f"run_dir={toy_run}", "sampler.seed=1")
-    seed1 = toy_run / "samples/step1500/euler_maruyama_100_n1000_seed1"
+    seed1 = toy_run / f"samples/step{TOY_STEPS}/euler_maruyama_100_n1000_seed1"
     r = run("evaluate", f"run_dir={toy_run}")
     assert str(default / "samples.npz") in r.stdout  # not the newest file
     r = run("evaluate", f"run_dir={toy_run}", "sampler.seed=1")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import traceback
 
-from entry_helpers import run
+from entry_helpers import TOY_STEPS, run
 from submitit.core.utils import FailedJobError, JobPaths, UncompletedJobError, cloudpickle_dump
 
 from hydra_plugins.scorelib_sweeps import JobFailed, failure_line, job_labels
@@ -69,11 +69,16 @@ def test_a_sampling_sweep_is_checked_before_any_job_draws(toy_run, tmp_path):
     """``experiments.sample`` builds each job's run with its sampler and finds its
     checkpoint before any job draws: nothing is written under the run's ``samples/``."""
     before = sorted(p.relative_to(toy_run) for p in (toy_run / "samples").rglob("*"))
-    args = [f"run_dir={toy_run}", "sampler.num_samples=8", "step=1500,7", "sampler.steps=2,0"]
+    args = [
+        f"run_dir={toy_run}",
+        "sampler.num_samples=8",
+        f"step={TOY_STEPS},7",
+        "sampler.steps=2,0",
+    ]
     r = run("sample", "-m", *args, cwd=tmp_path, check=False)
     assert r.code == 2, r.stderr[-3000:]
     assert len(r.err_lines) == 4, r.stderr[-3000:]
-    assert r.err_lines[0].startswith("invalid: step=1500 sampler.steps=0: sampler.steps ")
+    assert r.err_lines[0].startswith(f"invalid: step={TOY_STEPS} sampler.steps=0: sampler.steps ")
     assert r.err_lines[1].startswith("invalid: step=7 sampler.steps=2: step=7: no such checkpoint")
     assert r.err_lines[2].startswith("invalid: step=7 sampler.steps=0: ")
     refused = "error: the sweep is refused: 3 of 4 jobs are invalid; no job was started"

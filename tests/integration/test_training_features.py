@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 import pytest
-from entry_helpers import ROOT, TOY, run
+from entry_helpers import ROOT, TOY, TOY_STEPS, run, run_inprocess
 
 pytestmark = pytest.mark.slow
 
@@ -42,14 +42,15 @@ def test_init_from_starts_from_the_other_runs_ema_weights(toy_run, tmp_path):
     import jax
 
     run_dir = tmp_path / "finetune"
-    run(
+    r = run_inprocess(
         "train",
         *TOY,
         "trainer.steps=1",
         "optim.lr=1e-12",
-        f"init_from={toy_run}@1500",
+        f"init_from={toy_run}@{TOY_STEPS}",
         f"hydra.run.dir={run_dir}",
     )
+    assert r.code == 0, r.stderr[-3000:]
     src, new = _state(toy_run), _state(run_dir)
     assert int(new.step) == 1
     for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(src.ema_params), strict=True):
@@ -60,6 +61,8 @@ def test_init_from_starts_from_the_other_runs_ema_weights(toy_run, tmp_path):
 
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory):
+    """SHORT through a real ``python -m experiments.train`` (Hydra's logging writes
+    train.log there, not in-process)."""
     run_dir = tmp_path_factory.mktemp("short") / "run"
     r = run("train", *SHORT, f"hydra.run.dir={run_dir}", check=False)
     return run_dir, r
@@ -71,7 +74,9 @@ def test_keep_every_keeps_milestones_beside_the_last(short_run):
     run_dir, r = short_run
     assert r.code == 0, r.stderr[-2000:]
     assert saved_steps(run_dir) == [100, 200, 300]
-    run("sample", f"run_dir={run_dir}", "step=100", "sampler.num_samples=10")
+    r = run_inprocess("sample", f"run_dir={run_dir}", "step=100", "sampler.num_samples=10")
+    assert r.code == 0, r.stderr[-3000:]
+    assert (run_dir / "samples/step100/euler_maruyama_100_n10_seed0/samples.npz").is_file()
 
 
 def test_ema_warmup_a_300_step_run_is_not_worse_than_its_raw_weights(short_run):
@@ -80,7 +85,8 @@ def test_ema_warmup_a_300_step_run_is_not_worse_than_its_raw_weights(short_run):
 
     run_dir, r = short_run
     assert r.code == 0, r.stderr[-2000:]
-    run("sample", f"run_dir={run_dir}", "use_ema=false")
+    r = run_inprocess("sample", f"run_dir={run_dir}", "use_ema=false")
+    assert r.code == 0, r.stderr[-3000:]
     step = "samples/step300/euler_maruyama_100_n1000_seed0"
     ema = np.load(run_dir / step / "samples.npz")["samples"]
     raw = np.load(run_dir / f"{step}+use_ema-false" / "samples.npz")["samples"]
@@ -100,7 +106,9 @@ def test_ctrl_c_saves_the_step_and_says_how_to_resume(tmp_path):
     from experiments.runs import saved_steps
 
     run_dir = tmp_path / "interrupted"
-    args = [sys.executable, "-m", "experiments.train", *TOY, f"hydra.run.dir={run_dir}"]
+    # TOY with a checkpoint every 20 steps: interrupted soon after the first
+    toy = [a for a in TOY if not a.startswith("trainer.ckpt_every=")] + ["trainer.ckpt_every=20"]
+    args = [sys.executable, "-m", "experiments.train", *toy, f"hydra.run.dir={run_dir}"]
     proc = subprocess.Popen(
         args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -124,13 +132,17 @@ def test_train_resume_and_sample_under_any_directory_name(name, tmp_path):
     run_dir = tmp_path / name
     quick = [
         "experiment=toy_dsm",
-        "trainer.ckpt_every=50",
+        "trainer.ckpt_every=5",
         "sampler.steps=10",
         "sampler.num_samples=10",
         f"hydra.run.dir='{run_dir}'",
     ]
-    run("train", *quick, "trainer.steps=100")
-    run("train", *quick, "trainer.steps=150")  # resumes from step 100
-    assert saved_steps(run_dir)[-1] == 150
-    r = run("sample", f"run_dir='{run_dir}'", "sampler.seed=1")
+    for steps in (10, 15):  # then resumes from step 10
+        r = run_inprocess("train", *quick, f"trainer.steps={steps}")
+        assert r.code == 0, r.stderr[-3000:]
+    assert f"resuming {run_dir} from step 10 of 15" in r.stdout
+    assert saved_steps(run_dir)[-1] == 15
+    r = run_inprocess("sample", f"run_dir='{run_dir}'", "sampler.seed=1")
+    assert r.code == 0, r.stderr[-3000:]
     assert "samples:" in r.stdout
+    assert (run_dir / "samples/step15/euler_maruyama_10_n10_seed1/samples.npz").is_file()
