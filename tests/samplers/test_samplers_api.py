@@ -1,10 +1,13 @@
 """Validation before compilation, the registry and its contract (options, declared
 property), NFE accounting, keys and batch independence."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import struct
 from sampler_helpers import PROCESSES, Gauss
 
 from scorelib.samplers import SAMPLERS, driver, edm_grid, get_sampler
@@ -95,20 +98,27 @@ DECLARED = [
 ]
 
 
-@pytest.mark.parametrize("name,opts,stochastic", DECLARED)
-def test_declared_property_matches_the_behaviour(name, opts, stochastic):
+def test_declared_property_matches_the_behaviour():
     """``is_stochastic`` is what the sampler does: from one x_T, two keys give the same
-    output exactly when the sampler declares itself deterministic."""
-    s = SAMPLERS[name]
-    assert s.is_stochastic(**opts) is stochastic
+    output exactly when the sampler declares itself deterministic. The runs of every case
+    of ``DECLARED`` are one ``jax.jit``, called with each key."""
     src = G.source(PROCESSES["vp"])
     x_T = np.random.default_rng(0).normal(size=(4, D)) * 30.0
-    a, _ = s(src, jax.random.key(1), (4, D), grid=edm_grid(6), x_T=x_T, **opts)
-    b, _ = s(src, jax.random.key(2), (4, D), grid=edm_grid(6), x_T=x_T, **opts)
-    same = np.array_equal(np.asarray(a), np.asarray(b))
-    assert same is not stochastic
-    if stochastic:
-        assert np.min(np.abs(np.asarray(a) - np.asarray(b)).max(axis=1)) > 1e-4
+
+    @jax.jit
+    def run_all(src, key, x_T):
+        return [
+            SAMPLERS[name](src, key, (4, D), grid=edm_grid(6), x_T=x_T, **opts)[0]
+            for name, opts, _ in DECLARED
+        ]
+
+    a, b = run_all(src, jax.random.key(1), x_T), run_all(src, jax.random.key(2), x_T)
+    for (name, opts, stochastic), a_i, b_i in zip(DECLARED, a, b, strict=True):
+        assert SAMPLERS[name].is_stochastic(**opts) is stochastic, (name, opts)
+        same = np.array_equal(np.asarray(a_i), np.asarray(b_i))
+        assert same is not stochastic, (name, opts)
+        if stochastic:
+            assert np.min(np.abs(np.asarray(a_i) - np.asarray(b_i)).max(axis=1)) > 1e-4, name
 
 
 @pytest.fixture
@@ -185,83 +195,118 @@ def test_time_of_wrong_shape_is_rejected_by_sources():
 
 
 class CountingGaussian(GaussianScore):
-    """Counts score/denoiser calls (one batched NFE each) from inside the compiled code.
+    """Counts score/denoiser calls (one batched NFE each) from inside the compiled code, in
+    ``_COUNT[case]`` (one counter per case, so that many cases run in one program).
 
     A call made from within another (score via denoiser or back) is not counted twice:
     the guard is a trace-time flag, the tick a runtime callback.
     """
 
+    case: int = struct.field(pytree_node=False, default=0)
+
     def denoiser(self, x, t):
-        return _counted(super().denoiser, x, t)
+        return _counted(self.case, super().denoiser, x, t)
 
     def score(self, x, t):
-        return _counted(super().score, x, t)
+        return _counted(self.case, super().score, x, t)
 
 
-_COUNT = [0]
+_COUNT: dict = {}
 _INSIDE = [False]
 
 
-def _counted(fn, x, t):
+def _counted(case, fn, x, t):
     if _INSIDE[0]:
         return fn(x, t)
     _INSIDE[0] = True
     try:
-        jax.debug.callback(_tick)
+        jax.debug.callback(functools.partial(_tick, case))
         return fn(x, t)
     finally:
         _INSIDE[0] = False
 
 
-def _tick():
-    _COUNT[0] += 1
+def _tick(case):
+    _COUNT[case] += 1
 
 
-@pytest.mark.parametrize(
-    "name,final_zero",
-    [(k, True) for k in SAMPLERS]
-    + [("heun", False), ("dpmpp_2m", False), ("annealed_langevin", False)],
-)
-def test_nfe_equals_the_counted_model_calls(name, final_zero):
-    """N requested steps make exactly the documented number of calls."""
+NFE_CASES = [(k, True) for k in SAMPLERS] + [
+    ("heun", False),
+    ("dpmpp_2m", False),
+    ("annealed_langevin", False),
+]
+
+
+def test_nfe_equals_the_counted_model_calls():
+    """N requested steps make exactly the documented number of calls, for each
+    ``(name, final_zero)`` of ``NFE_CASES`` (each case counts on its own counter; the runs
+    of all cases are one ``jax.jit``)."""
     g = Gauss(D, [0.0, 0.4, 1.5])
     src = g.source(PROCESSES["vp"])
-    src = CountingGaussian(**{f: getattr(src, f) for f in src.__dataclass_fields__})
     n = 4
-    grid = edm_grid(n, final_zero=final_zero)
-    _COUNT[0] = 0
-    x, info = SAMPLERS[name](src, jax.random.key(0), (2, D), grid=grid, **ALL[name])
-    jax.block_until_ready(x)
+    srcs = [
+        CountingGaussian(case=i, **{f: getattr(src, f) for f in src.__dataclass_fields__})
+        for i in range(len(NFE_CASES))
+    ]
+    infos = []
+
+    @jax.jit
+    def runs(srcs, key):
+        out = []
+        for (name, final_zero), src in zip(NFE_CASES, srcs, strict=True):
+            grid = edm_grid(n, final_zero=final_zero)
+            x, info = SAMPLERS[name](src, key, (2, D), grid=grid, **ALL[name])
+            infos.append(info)
+            out.append(x)
+        return out
+
+    _COUNT.clear()
+    _COUNT.update({i: 0 for i in range(len(NFE_CASES))})
+    jax.block_until_ready(runs(srcs, jax.random.key(0)))
     jax.effects_barrier()
-    expected = {
-        "heun": 2 * n - (1 if final_zero else 0),
-        "dpmpp_2m": n,
-        "euler_maruyama": n,
-        "pf_ode_euler": n,
-        "pc": n * 3,
-        "annealed_langevin": (n if final_zero else n + 1) * 3 + (1 if final_zero else 0),
-    }[name]
-    assert info["nfe"] == expected == _COUNT[0]
-    assert isinstance(info["nfe"], int)
+    for i, ((name, final_zero), info) in enumerate(zip(NFE_CASES, infos, strict=True)):
+        expected = {
+            "heun": 2 * n - (1 if final_zero else 0),
+            "dpmpp_2m": n,
+            "euler_maruyama": n,
+            "pf_ode_euler": n,
+            "pc": n * 3,
+            "annealed_langevin": (n if final_zero else n + 1) * 3 + (1 if final_zero else 0),
+        }[name]
+        assert info["nfe"] == expected == _COUNT[i], (name, final_zero, info["nfe"], _COUNT[i])
+        assert isinstance(info["nfe"], int)
 
 
-@pytest.mark.parametrize("name", list(SAMPLERS))
-def test_same_key_same_samples_and_batch_split(name):
+def test_same_key_same_samples_and_batch_split():
+    """Every sampler: the same key gives the same samples (two runs of one compiled
+    program); halves drawn with first_index give the samples of the whole batch; another
+    key gives other samples. The samplers' batches of 6 are one ``jax.jit`` (called with
+    each key), their halves another."""
     src = G.source(PROCESSES["subvp"])
-    opts = ALL[name]
     grid = edm_grid(5)
+
+    @jax.jit
+    def whole(src, key):
+        return {k: f(src, key, (6, D), grid=grid, **ALL[k])[0] for k, f in SAMPLERS.items()}
+
+    @jax.jit
+    def halves(src, key):
+        return {
+            k: [f(src, key, (3, D), grid=grid, first_index=i, **ALL[k])[0] for i in (0, 3)]
+            for k, f in SAMPLERS.items()
+        }
+
     key = jax.random.key(7)
-    f = SAMPLERS[name]
-    a, _ = f(src, key, (6, D), grid=grid, **opts)
-    b, _ = f(src, key, (6, D), grid=grid, **opts)
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    # per-example keys by fold_in: halves drawn with first_index give the same samples
-    h1, _ = f(src, key, (3, D), grid=grid, **opts)
-    h2, _ = f(src, key, (3, D), grid=grid, first_index=3, **opts)
-    np.testing.assert_allclose(np.concatenate([h1, h2]), a, rtol=1e-5, atol=1e-5)
-    # and the key matters (the prior draw, and the step noise where there is any)
-    c, _ = f(src, jax.random.key(8), (6, D), grid=grid, **opts)
-    assert np.min(np.abs(np.asarray(c) - np.asarray(a)).max(axis=1)) > 1e-3
+    a, b, h = whole(src, key), whole(src, key), halves(src, key)
+    c = whole(src, jax.random.key(8))
+    for name in SAMPLERS:
+        np.testing.assert_array_equal(np.asarray(a[name]), np.asarray(b[name]), err_msg=name)
+        # per-example keys by fold_in: halves drawn with first_index give the same samples
+        np.testing.assert_allclose(
+            np.concatenate(h[name]), a[name], rtol=1e-5, atol=1e-5, err_msg=name
+        )
+        # and the key matters (the prior draw, and the step noise where there is any)
+        assert np.min(np.abs(np.asarray(c[name]) - np.asarray(a[name])).max(axis=1)) > 1e-3, name
 
 
 def test_raw_uint32_keys_are_accepted():

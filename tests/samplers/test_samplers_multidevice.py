@@ -28,14 +28,22 @@ SCRIPT = textwrap.dedent(
     rng = np.random.default_rng(0)
     a = rng.normal(size=(3, 3))
     opts = {"annealed_langevin": {"n_steps_each": 3}, "pc": {"n_corrector": 2}}
+    grid = edm_grid(8)
+    key = jax.random.key(1)
+    x_T = np.asarray(jax.random.normal(jax.random.key(2), (16, 3))) * 80.0
+    kws = {name: dict(grid=grid, **opts.get(name, {})) for name in SAMPLERS}
+
+    # The single-device samples of every sampler: one compiled program per process.
+    @jax.jit
+    def single_device(src, key, x_T):
+        return {k: fn(src, key, (16, 3), x_T=x_T, **kws[k])[0] for k, fn in SAMPLERS.items()}
+
     for proc in (EDM(), VP()):
         src = GaussianScore.from_covariance(proc, rng.normal(size=3), a @ a.T + 0.1 * np.eye(3))
-        grid = edm_grid(8)
+        ones = single_device(src, key, x_T)
+        assert len(ones["heun"].sharding.device_set) == 1
         for name, fn in SAMPLERS.items():
-            kw = dict(grid=grid, **opts.get(name, {}))
-            key = jax.random.key(1)
-            x_T = np.asarray(jax.random.normal(jax.random.key(2), (16, 3))) * 80.0
-            one, _ = fn(src, key, (16, 3), x_T=x_T, **kw)
+            kw, one = kws[name], ones[name]
             sharded = jax.device_put(x_T, NamedSharding(mesh, P("data")))
             many, _ = fn(src, key, (16, 3), x_T=sharded, **kw)
             assert len(many.sharding.device_set) == 4, (name, many.sharding)
@@ -43,7 +51,7 @@ SCRIPT = textwrap.dedent(
             scale = float(np.max(np.abs(np.asarray(one))))
             assert err <= 1e-5 * scale, (type(proc).__name__, name, err, scale)
             print(type(proc).__name__, name, "max abs difference", err)
-    print("OK")
+    print("SHARDED OK")
     """
 )
 
@@ -79,16 +87,18 @@ DRAW = textwrap.dedent(
         assert many.shape == (30, 3) and info["num_samples"] == 30
         assert np.array_equal(many, one), (name, np.max(np.abs(many - one)))
         assert np.ptp(many[:, 0]) > 0.1  # real samples, not a constant
-    print("OK")
+    print("DRAW OK")
     """
 )
 
 
-def _run(script):
+@pytest.fixture(scope="module")
+def four_devices():
+    """One subprocess with 4 (fake CPU) devices runs both checks (one JAX start-up)."""
     env = forced_devices_env(4)
     root = Path(__file__).resolve().parents[2]
     return subprocess.run(
-        [sys.executable, "-c", script],
+        [sys.executable, "-c", SCRIPT + DRAW],
         cwd=root,
         env=env,
         capture_output=True,
@@ -98,14 +108,16 @@ def _run(script):
 
 
 @pytest.mark.slow
-def test_draw_samples_splits_each_batch_over_the_devices():
+def test_draw_samples_splits_each_batch_over_the_devices(four_devices):
     """``draw_samples(devices=...)``: every device draws its part of each batch; the samples
     are one device's, bit for bit (the same per-example keys and program shapes)."""
-    proc = _run(DRAW)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout + proc.stderr
+    proc = four_devices
+    assert proc.returncode == 0 and "DRAW OK" in proc.stdout.splitlines(), proc.stdout + proc.stderr
 
 
 @pytest.mark.slow
-def test_sharded_batch_gives_the_single_device_samples():
-    proc = _run(SCRIPT)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout + proc.stderr
+def test_sharded_batch_gives_the_single_device_samples(four_devices):
+    proc = four_devices
+    assert proc.returncode == 0 and "SHARDED OK" in proc.stdout.splitlines(), (
+        proc.stdout + proc.stderr
+    )

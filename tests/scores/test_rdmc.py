@@ -211,24 +211,31 @@ def test_manywell_posterior_mean_matches_the_quadrature_score():
 
 
 # ---------------------------------------------------------------------- samplers and counts
-@pytest.mark.slow  # 2 compiles per sampler: 25-45 s each on 2 loaded cores
-@pytest.mark.parametrize("name", sorted(SAMPLERS))
-def test_every_registered_sampler_runs_on_it_jitted(name):
-    """3 steps of each sampler through per_example: finite, batch-size independent."""
+@pytest.mark.slow  # the batches of 3: one compile for all samplers; of 1: one per sampler
+def test_every_registered_sampler_runs_on_it_jitted():
+    """3 steps of each sampler through per_example: finite, batch-size independent (one
+    batch of 3, all samplers in one ``jax.jit``, against ``draw_samples`` in batches of 1)."""
     p = VP(beta_min=2.0, beta_max=2.0, eps=0.05)
     tg = GaussianMixtureTarget.create([0.5, 0.5], [[-1.0, 0.0], [1.0, 0.0]], stds=[0.5, 0.5])
     src = ReverseDiffusionScore.create(tg, process=p, n_samples=2, n_steps=2, curvature=4.0)
     grid = make_grid("uniform_t", 3, p)
-    kw = dict(grid=grid)
-    if name == "annealed_langevin":
-        kw["n_steps_each"] = 2
-    sampler = per_example(get_sampler(name))
-    a, info = draw_samples(sampler, src, jax.random.key(0), (2,), num_samples=3, batch_size=3, **kw)
-    b, _ = draw_samples(sampler, src, jax.random.key(0), (2,), num_samples=3, batch_size=1, **kw)
-    assert np.all(np.isfinite(a)) and info["num_nonfinite"] == 0
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
-    with pytest.raises(ValueError, match="for_examples"):
-        get_sampler(name)(src, jax.random.key(0), (3, 2), **kw)
+    opts = {name: dict(grid=grid) for name in SAMPLERS}
+    opts["annealed_langevin"]["n_steps_each"] = 2
+
+    @jax.jit
+    def batches_of_3(src, key):
+        return {k: per_example(get_sampler(k))(src, key, (3, 2), **opts[k])[0] for k in SAMPLERS}
+
+    key = jax.random.key(0)
+    whole = batches_of_3(src, key)
+    for name in sorted(SAMPLERS):
+        sampler = per_example(get_sampler(name))
+        b, info = draw_samples(sampler, src, key, (2,), num_samples=3, batch_size=1, **opts[name])
+        a = np.asarray(whole[name])
+        assert np.all(np.isfinite(a)) and info["num_nonfinite"] == 0, name
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=name)
+        with pytest.raises(ValueError, match="for_examples"):
+            get_sampler(name)(src, key, (3, 2), **opts[name])
 
 
 @static_pytree

@@ -68,25 +68,35 @@ SAMPLERS = {
 }
 
 
-@pytest.mark.parametrize(
-    "name,process",
-    [("heun", EDM()), ("dpmpp_2m", EDM()), ("euler_maruyama", VP()), ("heun_churn", VP())],
-    ids=["heun-edm", "dpm-edm", "em-vp", "heun_churn-vp"],
-)
-def test_skip_zero_is_the_plain_sampler_bitwise(name, process):
-    sampler, opts = SAMPLERS[name]
-    g = gaussian(process)
-    grid = edm_grid(6, sigma_max=float(process.ve_sigma(process.t_max)))
+SKIP_ZERO = [("heun", EDM()), ("dpmpp_2m", EDM()), ("euler_maruyama", VP()), ("heun_churn", VP())]
+
+
+def test_skip_zero_is_the_plain_sampler_bitwise():
+    """For each case of ``SKIP_ZERO``: teleport with skip = 0 is the plain sampler bit for
+    bit; the wrapper's start draw is the plain sampler's documented draw, and passing it as
+    x_T gives the plain run. The runs of all cases are one ``jax.jit``."""
     key, shape = jax.random.key(11), (3, D)
-    plain, info_p = sampler(g, key, shape, grid=grid, first_index=5, **opts)
-    tele, info_t = teleport(sampler, g, g, key, shape, grid=grid, skip=0, first_index=5, **opts)
-    np.testing.assert_array_equal(np.asarray(tele), np.asarray(plain))
-    assert info_t["nfe"] == info_p["nfe"] and info_t["skip"] == 0
-    assert info_t["sigma_skip"] == grid[0]
-    # The wrapper's start draw for k > 0 is the plain sampler's documented draw
-    # alpha(t0) grid[0] normal(fold_in(fold_in(key, first_index + b), 0)) ...
-    x_T = start_state(g, key, shape, grid=grid, first_index=5)
-    a0 = float(cf.alpha_at_ve_sigma(process, grid[0]))
+    gs = [gaussian(process) for _, process in SKIP_ZERO]
+    grids = [edm_grid(6, sigma_max=float(p.ve_sigma(p.t_max))) for _, p in SKIP_ZERO]
+    infos = []
+
+    @jax.jit
+    def runs(gs, key):
+        out = []
+        for (name, _), g, grid in zip(SKIP_ZERO, gs, grids, strict=True):
+            sampler, opts = SAMPLERS[name]
+            plain, info_p = sampler(g, key, shape, grid=grid, first_index=5, **opts)
+            tele, info_t = teleport(
+                sampler, g, g, key, shape, grid=grid, skip=0, first_index=5, **opts
+            )
+            x_T = start_state(g, key, shape, grid=grid, first_index=5)
+            again, _ = sampler(g, key, shape, grid=grid, x_T=x_T, first_index=5, **opts)
+            infos.append((info_p, info_t))
+            out.append((plain, tele, x_T, again))
+        return out
+
+    outs = jax.tree.map(np.asarray, runs(gs, key))
+    # The documented draw alpha(t0) grid[0] normal(fold_in(fold_in(key, first_index + b), 0))
     eps = np.stack(
         [
             np.asarray(
@@ -95,11 +105,18 @@ def test_skip_zero_is_the_plain_sampler_bitwise(name, process):
             for b in range(3)
         ]
     )
-    np.testing.assert_allclose(np.asarray(x_T), a0 * grid[0] * eps, rtol=1e-6)
-    # ... so passing it as x_T gives the plain run (up to XLA's float32 fusion choices:
-    # a compiled program that receives x_T is not the one that draws it).
-    again, _ = sampler(g, key, shape, grid=grid, x_T=x_T, first_index=5, **opts)
-    np.testing.assert_allclose(np.asarray(again), np.asarray(plain), rtol=1e-4, atol=1e-4)
+    for (name, process), grid, (info_p, info_t), (plain, tele, x_T, again) in zip(
+        SKIP_ZERO, grids, infos, outs, strict=True
+    ):
+        np.testing.assert_array_equal(tele, plain, err_msg=name)
+        assert info_t["nfe"] == info_p["nfe"] and info_t["skip"] == 0, name
+        assert info_t["sigma_skip"] == grid[0], name
+        # The wrapper's start draw for k > 0 is the plain sampler's documented draw ...
+        a0 = float(cf.alpha_at_ve_sigma(process, grid[0]))
+        np.testing.assert_allclose(x_T, a0 * grid[0] * eps, rtol=1e-6, err_msg=name)
+        # ... so passing it as x_T gives the plain run (up to XLA's float32 fusion choices:
+        # a program that receives x_T is not the one that draws it).
+        np.testing.assert_allclose(again, plain, rtol=1e-4, atol=1e-4, err_msg=name)
 
 
 @pytest.mark.parametrize("k", [1, 7])
@@ -135,28 +152,44 @@ def test_heun_tail_is_exactly_the_grid_tail(k):
     assert len(LOG) == info["nfe"]
 
 
-@pytest.mark.parametrize("name", sorted(SAMPLERS))
-def test_every_sampler_gets_the_grid_tail_and_reports_its_nfe(name, monkeypatch):
-    sampler, opts = SAMPLERS[name]
+def test_every_sampler_gets_the_grid_tail_and_reports_its_nfe():
+    """Each sampler of ``SAMPLERS`` (behind a spy that declares no property): the tail run
+    gets ``grid[k:]`` (the same floats) and a start state, and ``info`` reports the tail
+    run's NFE and steps. All teleported runs and the samplers' own runs on the tail are one
+    ``jax.jit``."""
     g = gaussian(VP())
     grid = uniform_t_grid(VP(), 7)
-    seen = {}
-
-    def spy(source, key, shape, *, grid, x_T=None, **kw):
-        seen["grid"], seen["x_T"] = np.asarray(grid), x_T
-        return sampler(source, key, shape, grid=grid, x_T=x_T, **kw)
-
     k = 3
-    # what "auto" picks for the unwrapped sampler (the spy declares no property)
-    start = "marginal" if sampler.is_stochastic(**opts) else "ode"
-    assert start == ("ode" if name in ("heun", "dpmpp_2m", "pf_ode_euler") else "marginal")
-    _, info = teleport(spy, g, g, jax.random.key(0), (2, D), grid=grid, skip=k, start=start, **opts)
-    assert np.array_equal(seen["grid"], grid[k:])  # same floats: no re-spacing
-    assert seen["x_T"].shape == (2, D)
-    _, tail_info = sampler(g, jax.random.key(0), (2, D), grid=grid[k:], x_T=seen["x_T"], **opts)
-    assert info["nfe"] == tail_info["nfe"]
-    assert info["steps"] == 7 - k
-    assert info["start"] == start
+    seen, infos = {}, {}
+
+    @jax.jit
+    def runs(g, key):
+        out = {}
+        for name, (sampler, opts) in SAMPLERS.items():
+
+            def spy(source, key, shape, *, grid, x_T=None, sampler=sampler, name=name, **kw):
+                seen[name] = np.asarray(grid), x_T
+                return sampler(source, key, shape, grid=grid, x_T=x_T, **kw)
+
+            # what "auto" picks for the unwrapped sampler (the spy declares no property)
+            start = "marginal" if sampler.is_stochastic(**opts) else "ode"
+            assert start == ("ode" if name in ("heun", "dpmpp_2m", "pf_ode_euler") else "marginal")
+            out[name], info = teleport(
+                spy, g, g, key, (2, D), grid=grid, skip=k, start=start, **opts
+            )
+            x_k = seen[name][1]
+            _, tail_info = sampler(g, key, (2, D), grid=grid[k:], x_T=x_k, **opts)
+            infos[name] = info, tail_info, start, x_k.shape
+        return out
+
+    jax.block_until_ready(runs(g, jax.random.key(0)))
+    assert sorted(seen) == sorted(infos) == sorted(SAMPLERS)
+    for name, (info, tail_info, start, x_k_shape) in infos.items():
+        assert np.array_equal(seen[name][0], grid[k:]), name  # same floats: no re-spacing
+        assert x_k_shape == (2, D), name
+        assert info["nfe"] == tail_info["nfe"], name
+        assert info["steps"] == 7 - k, name
+        assert info["start"] == start, name
 
 
 def test_skip_validation_and_sigma_skip():
@@ -199,40 +232,55 @@ def test_skip_validation_and_sigma_skip():
     )
 
 
-def _exact_end(g, x_T, top):
-    """Exact PF-ODE answer at sigma = 0 from x_T at top."""
-    return np.asarray(gaussian_flow(g, x_T, sigma_from=top, sigma_to=0.0))
-
-
 @pytest.mark.parametrize(
-    "sampler,n,process",
+    "cases",
     [
-        pytest.param(heun, 18, EDM(), id="heun18-edm"),
-        pytest.param(dpmpp_2m, 10, VP(), id="dpm10-vp"),
-        pytest.param(heun, 18, VP(), id="heun18-vp", marks=pytest.mark.slow),
-        pytest.param(dpmpp_2m, 20, EDM(), id="dpm20-edm", marks=pytest.mark.slow),
+        pytest.param([(heun, 18, EDM()), (dpmpp_2m, 10, VP())], id="heun18-edm,dpm10-vp"),
+        pytest.param(
+            [(heun, 18, VP()), (dpmpp_2m, 20, EDM())],
+            id="heun18-vp,dpm20-edm",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
-def test_ode_teleport_within_discretisation_error(sampler, n, process):
+def test_ode_teleport_within_discretisation_error(cases):
     """Exact Gaussian score: the teleported run's error against the exact flow is no
     larger than the plain run's (the skipped part is solved exactly), so it agrees with
-    the plain run to within twice the plain sampler's discretisation error."""
+    the plain run to within twice the plain sampler's discretisation error. For each
+    (sampler, N, process) of ``cases``, the plain run, the runs teleported to k = 2 and
+    N // 2 and the exact answer; all of them one ``jax.jit`` (one XLA compile)."""
     with jax.enable_x64(True):
-        g = gaussian(process, rank=2)
-        top = float(process.ve_sigma(process.t_max)) if isinstance(process, VP) else 80.0
-        grid = edm_grid(n, sigma_max=top)
-        key, shape = jax.random.key(5), (64, D)
-        x_T = start_state(g, key, shape, grid=grid, float64=True)
-        exact = _exact_end(g, x_T, top)
-        plain, _ = sampler(g, key, shape, grid=grid, float64=True)
-        e_plain = np.sqrt(np.mean((np.asarray(plain) - exact) ** 2))
-        assert e_plain > 1e-6  # a real discretisation error to compare against
-        for k in (2, n // 2):
-            tele, info = teleport(sampler, g, g, key, shape, grid=grid, skip=k, float64=True)
-            e_tele = np.sqrt(np.mean((np.asarray(tele) - exact) ** 2))
-            diff = np.sqrt(np.mean((np.asarray(tele) - np.asarray(plain)) ** 2))
-            assert e_tele <= 1.05 * e_plain, (k, e_tele, e_plain)
-            assert diff <= 2.0 * e_plain, (k, diff, e_plain)
+        shape = (64, D)
+        gs, tops = [], []
+        for _, _, process in cases:
+            gs.append(gaussian(process, rank=2))
+            tops.append(float(process.ve_sigma(process.t_max)) if isinstance(process, VP) else 80.0)
+
+        @jax.jit
+        def runs(gs, key):
+            out = []
+            for (sampler, n, _), g, top in zip(cases, gs, tops, strict=True):
+                grid = edm_grid(n, sigma_max=top)
+                x_T = start_state(g, key, shape, grid=grid, float64=True)
+                exact = gaussian_flow(g, x_T, sigma_from=top, sigma_to=0.0)
+                plain, _ = sampler(g, key, shape, grid=grid, float64=True)
+                teles = [
+                    teleport(sampler, g, g, key, shape, grid=grid, skip=k, float64=True)[0]
+                    for k in (2, n // 2)
+                ]
+                out.append((exact, plain, teles))
+            return out
+
+        outs = jax.tree.map(np.asarray, runs(gs, jax.random.key(5)))
+    for (sampler, n, process), (exact, plain, teles) in zip(cases, outs, strict=True):
+        case = (sampler.name, n, type(process).__name__)
+        e_plain = np.sqrt(np.mean((plain - exact) ** 2))
+        assert e_plain > 1e-6, case  # a real discretisation error to compare against
+        for k, tele in zip((2, n // 2), teles, strict=True):
+            e_tele = np.sqrt(np.mean((tele - exact) ** 2))
+            diff = np.sqrt(np.mean((tele - plain) ** 2))
+            assert e_tele <= 1.05 * e_plain, (case, k, e_tele, e_plain)
+            assert diff <= 2.0 * e_plain, (case, k, diff, e_plain)
 
 
 def test_euler_maruyama_teleport_matches_the_data_law():
@@ -262,21 +310,32 @@ def test_euler_maruyama_teleport_matches_the_data_law():
         c = np.diag(u.T @ np.cov(x.T) @ u)
         return np.max(np.abs(c / lam - 1)), np.max(np.abs(x.mean(0) - mu))
 
-    plain, _ = euler_maruyama(g, key, shape, grid=grid)
-    ev_p, em_p = errs(plain)
-    assert ev_p < 0.2  # the plain sampler is itself reasonable here
-    mc = 4 * np.sqrt(2 / shape[0])  # 4 standard errors of a variance ratio
-    for k in (10, 36):
-        tele, info = teleport(euler_maruyama, g, g, key, shape, grid=grid, skip=k)
-        assert info["nfe"] == 40 - k and info["start"] == "marginal"
-        ev_t, em_t = errs(tele)
-        assert ev_t <= ev_p + mc, (k, ev_t, ev_p)
-        assert em_t <= em_p + 4 * np.sqrt(1.0 / shape[0]), (k, em_t, em_p)
-    # A noise-only start at grid[36] leaves the output far from the data law.
+    # A noise-only start at grid[36] (the last run below) leaves the output far from the
+    # data law. The four runs are one ``jax.jit`` (one XLA compile).
     noise = float(cf.alpha_at_ve_sigma(p, grid[36]) * grid[36]) * jax.random.normal(
         jax.random.key(1), shape
     )
-    wrong, _ = euler_maruyama(g, key, shape, grid=grid[36:], x_T=noise)
+    skips, infos = (10, 36), {}
+
+    @jax.jit
+    def runs(g, key, noise):
+        plain, _ = euler_maruyama(g, key, shape, grid=grid)
+        teles = []
+        for k in skips:
+            tele, infos[k] = teleport(euler_maruyama, g, g, key, shape, grid=grid, skip=k)
+            teles.append(tele)
+        wrong, _ = euler_maruyama(g, key, shape, grid=grid[36:], x_T=noise)
+        return plain, teles, wrong
+
+    plain, teles, wrong = runs(g, key, noise)
+    ev_p, em_p = errs(plain)
+    assert ev_p < 0.2  # the plain sampler is itself reasonable here
+    mc = 4 * np.sqrt(2 / shape[0])  # 4 standard errors of a variance ratio
+    for k, tele in zip(skips, teles, strict=True):
+        assert infos[k]["nfe"] == 40 - k and infos[k]["start"] == "marginal"
+        ev_t, em_t = errs(tele)
+        assert ev_t <= ev_p + mc, (k, ev_t, ev_p)
+        assert em_t <= em_p + 4 * np.sqrt(1.0 / shape[0]), (k, em_t, em_p)
     assert max(errs(wrong)) > ev_p + 3 * mc
 
 
@@ -289,47 +348,66 @@ def test_rank_r_gaussian_teleports_a_network_like_source():
     assert isinstance(g_r, GaussianScore) and g_r.eigvecs.shape == (D, 2)
     grid = edm_grid(18)
     key, shape = jax.random.key(4), (16, D)
-    plain, _ = heun(g_full, key, shape, grid=grid)
-    tele, info = teleport(heun, g_full, g_r, key, shape, grid=grid, skip=4)
+    info = {}
+
+    @jax.jit
+    def runs(g_full, g_r, key):  # one XLA compile for both runs
+        plain, _ = heun(g_full, key, shape, grid=grid)
+        tele, info["tele"] = teleport(heun, g_full, g_r, key, shape, grid=grid, skip=4)
+        return plain, tele
+
+    plain, tele = runs(g_full, g_r, key)
+    info = info["tele"]
     assert info["nfe"] == 2 * 14 - 1
     assert np.all(np.isfinite(np.asarray(tele)))
     # Near-Gaussian teleport at high sigma: the endpoints stay close (sigma_skip = 19.4).
     assert np.sqrt(np.mean((np.asarray(tele) - np.asarray(plain)) ** 2)) < 0.05
 
 
-@pytest.mark.parametrize(
-    "sampler,opts,start",
-    [
-        (functools.partial(pc, snr=0.1, n_corrector=2), {}, "marginal"),
-        (functools.partial(euler_maruyama), {}, "marginal"),
-        (functools.partial(heun, S_churn=10.0), {}, "marginal"),
-        (functools.partial(heun), {"S_churn": 10.0}, "marginal"),
-        (functools.partial(heun, S_churn=0.0), {}, "ode"),
-        (functools.partial(dpmpp_2m), {}, "ode"),
-        (heun, {"S_churn": 10.0}, "marginal"),
-        (heun, {}, "ode"),
-    ],
-)
-def test_auto_start_reads_the_declared_property(sampler, opts, start):
+AUTO_START = [
+    (functools.partial(pc, snr=0.1, n_corrector=2), {}, "marginal"),
+    (functools.partial(euler_maruyama), {}, "marginal"),
+    (functools.partial(heun, S_churn=10.0), {}, "marginal"),
+    (functools.partial(heun), {"S_churn": 10.0}, "marginal"),
+    (functools.partial(heun, S_churn=0.0), {}, "ode"),
+    (functools.partial(dpmpp_2m), {}, "ode"),
+    (heun, {"S_churn": 10.0}, "marginal"),
+    (heun, {}, "ode"),
+]
+
+
+def test_auto_start_reads_the_declared_property():
     """A functools.partial of a sampler is read through: partial(pc) gets the marginal
     start (by function identity it used to get the ODE start); Heun is stochastic exactly
-    when it churns."""
+    when it churns. (The runs of all cases of ``AUTO_START`` are one ``jax.jit``.)"""
     g = gaussian(EDM())
-    _, info = teleport(sampler, g, g, jax.random.key(0), (2, D), grid=edm_grid(6), skip=2, **opts)
-    assert info["start"] == start
-    if start == "marginal":  # and a marginal start refuses an x_T, before compiling
-        with pytest.raises(ValueError, match="marginal"):
-            teleport(
-                sampler,
-                g,
-                g,
-                jax.random.key(0),
-                (2, D),
-                grid=edm_grid(6),
-                skip=2,
-                x_T=jnp.zeros((2, D)),
-                **opts,
-            )
+    starts = []
+
+    @jax.jit
+    def runs(g, key):
+        out = []
+        for sampler, opts, _ in AUTO_START:
+            x, info = teleport(sampler, g, g, key, (2, D), grid=edm_grid(6), skip=2, **opts)
+            starts.append(info["start"])
+            out.append(x)
+        return out
+
+    jax.block_until_ready(runs(g, jax.random.key(0)))
+    assert starts == [start for _, _, start in AUTO_START]
+    for sampler, opts, start in AUTO_START:
+        if start == "marginal":  # and a marginal start refuses an x_T, before compiling
+            with pytest.raises(ValueError, match="marginal"):
+                teleport(
+                    sampler,
+                    g,
+                    g,
+                    jax.random.key(0),
+                    (2, D),
+                    grid=edm_grid(6),
+                    skip=2,
+                    x_T=jnp.zeros((2, D)),
+                    **opts,
+                )
 
 
 def test_auto_start_refuses_a_sampler_without_a_declared_property():
