@@ -5,12 +5,15 @@ removes the asymmetry that training without it leaves."""
 
 from __future__ import annotations
 
+import functools
+
 import closed_forms
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flax import struct
 from vector_fields import tiny_net
 
 from scorelib.data.targets import random_gaussian_mixture
@@ -27,25 +30,29 @@ from scorelib.processes import EDM, VP
 from scorelib.scores import ScoreSource
 from scorelib.scores.jacobian import probe_vectors
 
-_CALLS: list = []
+_CALLS: dict = {}
 
 
-def _record(x, t):
+def _record(tag, x, t):
     def save(x, t):
-        _CALLS.append((np.asarray(x), np.broadcast_to(np.asarray(t), (x.shape[0],))))
+        _CALLS.setdefault(tag, []).append(
+            (np.asarray(x), np.broadcast_to(np.asarray(t), (x.shape[0],)))
+        )
 
     jax.debug.callback(save, x, t)
 
 
 class Recorder(ScoreSource):
-    """Records every ``(x, t)`` it is called at (also under jit)."""
+    """Records every ``(x, t)`` it is called at (also under jit), under its ``tag``."""
+
+    tag: str = struct.field(pytree_node=False, default="")
 
     def score(self, x, t):
-        _record(x, t)
+        _record(self.tag, x, t)
         return -x
 
     def denoiser(self, x, t):
-        _record(x, t)
+        _record(self.tag, x, t)
         return 0.5 * x
 
 
@@ -71,51 +78,29 @@ def test_example_points_are_where_the_objective_evaluates_the_source(process, na
     x0 = jnp.asarray(rng.normal(size=(5, 3)), jnp.float32)
     key = jax.random.key(3)
     objs = _objectives(process, np.asarray(rng.normal(size=(20, 3)), np.float32))
-    for name, obj in objs.items():
-        if names is not None and name not in names:
-            continue
-        _CALLS.clear()
-        jax.block_until_ready(jax.jit(obj.example_losses)(Recorder(process=process), x0, key))
-        assert len(_CALLS) == 1, name
-        xt, t = jax.jit(obj.example_points)(x0, key)
+    objs = {k: v for k, v in objs.items() if names is None or k in names}
+
+    @jax.jit
+    def run(x0, key):  # every objective in one compiled call
+        out = {}
+        for name, obj in objs.items():
+            obj.example_losses(Recorder(process=process, tag=name), x0, key)
+            wrapped = quasi_conservative(obj, weight=0.1)
+            out[name] = (
+                obj.example_points(x0, key),
+                wrapped.example_points(x0, key)[0],
+                obj.example_points(x0, jax.random.fold_in(key, 0))[0],
+            )
+        return out
+
+    _CALLS.clear()
+    out = jax.block_until_ready(run(x0, key))
+    for name, ((xt, t), wrapped_xt, folded_xt) in out.items():
+        assert len(_CALLS[name]) == 1, name
         assert xt.shape == x0.shape and t.shape == (5,), name
-        np.testing.assert_array_equal(np.asarray(xt), _CALLS[0][0], err_msg=name)
-        np.testing.assert_array_equal(np.asarray(t), _CALLS[0][1], err_msg=name)
-        wrapped = quasi_conservative(obj, weight=0.1)
-        np.testing.assert_array_equal(
-            np.asarray(wrapped.example_points(x0, key)[0]),
-            np.asarray(obj.example_points(x0, jax.random.fold_in(key, 0))[0]),
-        )
-
-
-def _reference(wrapper, net, x0, key):
-    """Per-example ``(total, objective_loss, penalty)`` in float64: the full Jacobian by
-    jax.jacfwd, the weight from tests/closed_forms.py, the probes by the documented rule."""
-    inner = wrapper.objective
-    k0 = jax.random.fold_in(key, 0)
-    losses, _ = inner.example_losses(net, x0, k0)
-    xt, t = inner.example_points(x0, k0)
-    d = x0.shape[1]
-    out = []
-    for b in range(x0.shape[0]):
-        jac = np.asarray(
-            jax.jacfwd(lambda z, tb=t[b]: net.score(z[None], tb[None])[0])(xt[b]), np.float64
-        )
-        v = np.asarray(
-            probe_vectors(jax.random.fold_in(jax.random.fold_in(key, 1), b), wrapper.probes, d),
-            np.float64,
-        )
-        a, bt = v @ jac.T, v @ jac  # rows: J v_p and J^T v_p
-        if wrapper.form == "skew":
-            est = np.mean(np.sum((a - bt) ** 2, axis=1))
-        else:
-            est = np.mean(2 * (np.sum(bt**2, axis=1) - np.sum(a * bt, axis=1)))
-        _, sig = closed_forms.alpha_sigma(inner.process, float(t[b]))
-        g2 = closed_forms.f_g2(inner.process, float(t[b]))[1]
-        w = {"sigma2": sig**2, "likelihood": g2, "none": 1.0}[wrapper.weighting]
-        pen = w * est
-        out.append((float(losses[b]) + wrapper.weight * pen, float(losses[b]), pen))
-    return np.asarray(out)
+        np.testing.assert_array_equal(np.asarray(xt), _CALLS[name][0][0], err_msg=name)
+        np.testing.assert_array_equal(np.asarray(t), _CALLS[name][0][1], err_msg=name)
+        np.testing.assert_array_equal(np.asarray(wrapped_xt), np.asarray(folded_xt))
 
 
 _CASES = [  # EDM's DSM at t <= 2: tanh far from saturation, float32 derivatives accurate
@@ -123,31 +108,96 @@ _CASES = [  # EDM's DSM at t <= 2: tanh far from saturation, float32 derivatives
     (VP(), "dsm", dict(weight=1.5, probes=3, weighting="likelihood", form="paper")),
     (EDM(), "edm", dict(weight=0.7, probes=1, weighting="none", form="skew")),
 ]
+_PER_EXAMPLE = [(b, *_CASES[0]) for b in (1, 2, 7)] + [(7, *c) for c in _CASES[1:]]
+_PER_EXAMPLE_IDS = ["edm-dsm-1", "edm-dsm-2", "edm-dsm-7", "vp-dsm-7", "edm-edm-7"]
 
 
-@pytest.mark.parametrize(
-    "batch,process,inner,kw",
-    [(b, *_CASES[0]) for b in (1, 2, 7)] + [(7, *c) for c in _CASES[1:]],
-    ids=["edm-dsm-1", "edm-dsm-2", "edm-dsm-7", "vp-dsm-7", "edm-edm-7"],
-)
-def test_per_example_losses_against_a_float64_loop(batch, process, inner, kw):
+def _per_example_case(batch, process, inner, kw):
+    """``(wrapper, net, x0)`` of one case of test_per_example_losses_against_a_float64_loop."""
     net = tiny_net(2, d=3, process=process)
     x0 = jnp.asarray(np.random.default_rng(batch).normal(size=(batch, 3)), jnp.float32)
-    key = jax.random.key(11)
     obj = {
         "dsm": lambda: DSM(process=process),
         "dsm_mid": lambda: DSM(process=process, t_range=(0.05, 2.0)),
         "edm": lambda: EDMLoss(process=process),
     }[inner]()
-    wrapper = quasi_conservative(obj, **kw)
-    losses, aux = jax.jit(wrapper.example_losses)(net, x0, key)
-    ref = _reference(wrapper, net, x0, key)
+    return quasi_conservative(obj, **kw), net, x0
+
+
+@functools.cache
+def _per_example_outputs(key_seed=11):
+    """Every case of test_per_example_losses_against_a_float64_loop in one compiled call:
+    the wrapper's ``example_losses`` and ``__call__``, and what :func:`_reference` needs:
+    the wrapped objective's per-example losses and points at ``fold_in(key, 0)``, each
+    example's full Jacobian of the score there (``jax.jacfwd``) and its probes by the
+    documented rule (``probe_vectors`` of ``fold_in(fold_in(key, 1), b)``)."""
+    cases = [_per_example_case(*c) for c in _PER_EXAMPLE]
+    key = jax.random.key(key_seed)
+
+    def one(wrapper, net, x0):
+        inner = wrapper.objective
+        k0 = jax.random.fold_in(key, 0)
+        xt, t = inner.example_points(x0, k0)
+
+        def jac(z, tb):
+            return jax.jacfwd(lambda zz: net.score(zz[None], tb[None])[0])(z)
+
+        def probes(b):
+            k = jax.random.fold_in(jax.random.fold_in(key, 1), b)
+            return probe_vectors(k, wrapper.probes, x0.shape[1])
+
+        return dict(
+            example_losses=wrapper.example_losses(net, x0, key),
+            call=wrapper(net, x0, key),
+            inner_losses=inner.example_losses(net, x0, k0)[0],
+            t=t,
+            jac=jax.vmap(jac)(xt, t),
+            probes=jax.vmap(probes)(jnp.arange(x0.shape[0])),
+        )
+
+    nets_x0 = [(net, x0) for _, net, x0 in cases]
+    run = jax.jit(lambda nx: [one(w, n, x) for (w, _, _), (n, x) in zip(cases, nx, strict=True)])
+    return cases, jax.device_get(run(nets_x0))
+
+
+def _reference(wrapper, out):
+    """Per-example ``(total, objective_loss, penalty)`` in float64 from the full Jacobian
+    (:func:`_per_example_outputs`), the weight from tests/closed_forms.py."""
+    inner = wrapper.objective
+    out_rows = []
+    for b in range(out["t"].shape[0]):
+        jac = np.asarray(out["jac"][b], np.float64)
+        v = np.asarray(out["probes"][b], np.float64)
+        a, bt = v @ jac.T, v @ jac  # rows: J v_p and J^T v_p
+        if wrapper.form == "skew":
+            est = np.mean(np.sum((a - bt) ** 2, axis=1))
+        else:
+            est = np.mean(2 * (np.sum(bt**2, axis=1) - np.sum(a * bt, axis=1)))
+        t_b = float(out["t"][b])
+        _, sig = closed_forms.alpha_sigma(inner.process, t_b)
+        g2 = closed_forms.f_g2(inner.process, t_b)[1]
+        w = {"sigma2": sig**2, "likelihood": g2, "none": 1.0}[wrapper.weighting]
+        pen = w * est
+        loss_b = float(out["inner_losses"][b])
+        out_rows.append((loss_b + wrapper.weight * pen, loss_b, pen))
+    return np.asarray(out_rows)
+
+
+@pytest.mark.parametrize("case", range(len(_PER_EXAMPLE)), ids=_PER_EXAMPLE_IDS)
+def test_per_example_losses_against_a_float64_loop(case):
+    """The wrapper's per-example losses and batch mean against :func:`_reference` (all
+    cases compiled together, :func:`_per_example_outputs`)."""
+    batch = _PER_EXAMPLE[case][0]
+    cases, outs = _per_example_outputs()
+    (wrapper, _, _), out = cases[case], outs[case]
+    losses, aux = out["example_losses"]
+    ref = _reference(wrapper, out)
     assert losses.shape == (batch,)
     np.testing.assert_allclose(aux["objective_loss"], ref[:, 1], rtol=1e-5)
     np.testing.assert_allclose(aux["qc_penalty"], ref[:, 2], rtol=2e-4)
     np.testing.assert_allclose(losses, ref[:, 0], rtol=2e-4)
     assert np.all(ref[:, 2] > 0)  # not vacuous: the net is not a gradient field
-    loss, metrics = jax.jit(wrapper)(net, x0, key)
+    loss, metrics = out["call"]
     assert set(metrics) >= {"loss", "objective_loss", "asymmetry", "qc_penalty"}
     np.testing.assert_allclose(metrics["qc_penalty"], ref[:, 2].mean(), rtol=2e-4)
     np.testing.assert_allclose(loss, ref[:, 0].mean(), rtol=2e-4)
@@ -164,10 +214,11 @@ def test_gradient_is_the_objectives_plus_weight_times_the_closed_form_penalty():
     key = jax.random.key(2)
     obj = DSM(process=process, t_range=(0.05, 2.0))
     k0 = jax.random.fold_in(key, 0)
-    xt, t = obj.example_points(x0, k0)
     probes = 3
 
     def closed_form(n):  # mean_b sigma_b^2 mean_p |(J_b - J_b^T) v_bp|^2 with J_b by jacfwd
+        xt, t = obj.example_points(x0, k0)
+
         def one(b):
             jac = jax.jacfwd(lambda z: n.score(z[None], t[b][None])[0])(xt[b])
             v = probe_vectors(jax.random.fold_in(jax.random.fold_in(key, 1), b), probes, 3)
@@ -175,21 +226,32 @@ def test_gradient_is_the_objectives_plus_weight_times_the_closed_form_penalty():
 
         return jnp.mean(jnp.stack([one(b) for b in range(4)]))
 
-    g_obj = _flat(jax.jit(jax.grad(lambda n: obj(n, x0, k0)[0]))(net))
-    g_pen = _flat(jax.jit(jax.grad(closed_form))(net))
-    for weight in (0.0, 0.4):
-        w = quasi_conservative(obj, weight=weight, probes=probes)
-        g = _flat(jax.jit(jax.grad(lambda n, w=w: w(n, x0, key)[0]))(net))
-        np.testing.assert_allclose(g, g_obj + weight * g_pen, rtol=2e-4, atol=1e-6)
+    weights = (0.0, 0.4)
+
+    @jax.jit
+    def grads(net):  # every gradient in one compiled call
+        wrapped = [quasi_conservative(obj, weight=w, probes=probes) for w in weights]
+        return (
+            jax.grad(lambda n: obj(n, x0, k0)[0])(net),
+            jax.grad(closed_form)(net),
+            [jax.grad(lambda n, w=w: w(n, x0, key)[0])(net) for w in wrapped],
+        )
+
+    g_obj, g_pen, gs = grads(net)
+    g_obj, g_pen = _flat(g_obj), _flat(g_pen)
+    for weight, g in zip(weights, gs, strict=True):
+        np.testing.assert_allclose(_flat(g), g_obj + weight * g_pen, rtol=2e-4, atol=1e-6)
     assert np.abs(0.4 * g_pen).max() > 0.1 * np.abs(g_obj).max()  # a visible share
 
 
 def _exact_asymmetry(net, x, t):
+    """``mean_x |J - J^T|_F^2 / (4 |J|_F^2)`` with ``J`` the score's Jacobian by jacfwd (jnp)."""
+
     def one(xb):
         jac = jax.jacfwd(lambda z: net.score(z[None], t)[0])(xb)
         return jnp.sum((jac - jac.T) ** 2) / (4 * jnp.sum(jac**2))
 
-    return float(jnp.mean(jax.vmap(one)(x)))
+    return jnp.mean(jax.vmap(one)(x))
 
 
 def test_training_with_the_penalty_removes_the_asymmetry_training_without_it_keeps():
@@ -202,28 +264,31 @@ def test_training_with_the_penalty_removes_the_asymmetry_training_without_it_kee
     rng = np.random.default_rng(0)
     x_data = jnp.asarray(rng.normal(size=(512, d)) * [1.0, 0.5, 0.3], jnp.float32)
     start = tiny_net(1, d=d, h=16, process=process, scale=0.8)
-
-    def train(objective, steps=300):
-        opt = optax.adam(3e-3)
-
-        @jax.jit
-        def run(net):
-            def step(carry, i):
-                n, s = carry
-                idx = jax.random.choice(jax.random.key(i), 512, (64,))
-                g = jax.grad(lambda m: objective(m, x_data[idx], jax.random.key(1000 + i))[0])(n)
-                upd, s = opt.update(g, s, n)
-                return (optax.apply_updates(n, upd), s), None
-
-            return jax.lax.scan(step, (net, opt.init(net)), jnp.arange(steps))[0][0]
-
-        return run(start)
-
     dsm = DSM(process=process, t_range=(0.3, 1.5))
+    objectives = (  # without and with the penalty
+        quasi_conservative(dsm, weight=0.0),
+        quasi_conservative(dsm, weight=1.0, probes=2),
+    )
     x_eval = x_data[:64] + 0.8 * jnp.asarray(rng.normal(size=(64, d)), jnp.float32)
-    before = _exact_asymmetry(start, x_eval, 0.8)
-    plain = _exact_asymmetry(train(quasi_conservative(dsm, weight=0.0)), x_eval, 0.8)
-    penalised = _exact_asymmetry(train(quasi_conservative(dsm, weight=1.0, probes=2)), x_eval, 0.8)
+    opt = optax.adam(3e-3)
+
+    @jax.jit
+    def run(net, steps=300):  # both trainings and the asymmetries in one compiled call
+        def step(carry, i):
+            idx = jax.random.choice(jax.random.key(i), 512, (64,))
+            new = []
+            for objective, (n, s) in zip(objectives, carry, strict=True):
+                loss = lambda m, o=objective: o(m, x_data[idx], jax.random.key(1000 + i))[0]  # noqa: E731
+                g = jax.grad(loss)(n)
+                upd, s = opt.update(g, s, n)
+                new.append((optax.apply_updates(n, upd), s))
+            return tuple(new), None
+
+        init = tuple((net, opt.init(net)) for _ in objectives)
+        (plain, _), (penalised, _) = jax.lax.scan(step, init, jnp.arange(steps))[0]
+        return [_exact_asymmetry(m, x_eval, 0.8) for m in (net, plain, penalised)]
+
+    before, plain, penalised = (float(v) for v in run(start))
     assert plain > 0.5 * before, (before, plain)
     assert penalised < 0.4 * plain, (plain, penalised)
 

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from compose_train import compose_train
+from objective_calls import losses_and_call
 
 from scorelib.objectives import DSM, EDMLoss, example_draws
 from scorelib.processes import EDM, VE, VP, SubVP, broadcast_to_data
@@ -89,8 +90,8 @@ def _evaluate(cases, xs, key):
     one batch shape are compiled once for all processes and objectives.)
     """
 
-    def both(o, source, x):
-        return o.example_losses(source, x, key), o(source, x, key)
+    def both(o, source, x):  # example_losses traced once for both entry points
+        return losses_and_call(o, source, x, key)
 
     out = [[[both(o, ToySource(process=p), x) for o in objs] for x in xs] for p, objs in cases]
     draws = [(example_draws(key, x, "uniform"), example_draws(key, x, "normal")) for x in xs]

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from compose_train import compose_train
+from objective_calls import losses_and_call
 
 from experiments import build
 from scorelib.data import load_digits
@@ -53,6 +54,13 @@ def _risk(y, key, denoise, divergence, probe, eps):
     return sure_risk(denoise, y, probes, sigma_n=SIGMA_N, divergence=divergence, eps=eps)
 
 
+@functools.partial(jax.jit, static_argnames=("divergence", "probe", "eps"))
+def _linear_risk(y, key, a, divergence, probe, eps):
+    """:func:`_risk` of the linear denoiser ``h(y) = a y``, ``a`` traced (one compilation
+    for every ``a``)."""
+    return _risk.__wrapped__(y, key, lambda v: a * v, divergence, probe, eps)
+
+
 DIVS = [("jvp", "gaussian", None), ("fd", "rademacher", 1e-2)]
 
 
@@ -64,7 +72,7 @@ def test_sure_is_the_linear_denoisers_mse_in_expectation(divergence, probe, eps)
     x, y = gaussian_pairs()
     means = {}
     for a in (0.3, A_STAR, 1.1):
-        h, risk = _risk(y, jax.random.key(1), lambda v, a=a: a * v, divergence, probe, eps)
+        h, risk = _linear_risk(y, jax.random.key(1), jnp.float32(a), divergence, probe, eps)
         np.testing.assert_allclose(np.asarray(h), a * np.asarray(y), rtol=1e-6, atol=1e-7)
         risk = np.asarray(risk, np.float64)
         se = risk.std() / math.sqrt(N)
@@ -138,12 +146,47 @@ def _objectives(proc, sigma_n):
     )
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _evaluate(objs, source, y, key):
-    return [(o.example_losses(source, y, key), o(source, y, key)) for o in objs]
+CASES = ((EDM(), 0.5), (VP(), 0.2))  # a process with alpha = 1 and one without
+BATCHES = (1, 2, 7)
 
 
-def reference(obj, proc, y, key):
+@functools.cache
+def _run(key_seed=3):
+    """Both processes' objectives on batches of 1, 2 and 7 examples (the smaller batches the
+    first examples of the largest), in one compiled call: ``{(case, batch): [((per, aux),
+    (loss, metrics), draws) per objective]}`` on the host, ``draws`` the documented key
+    streams :func:`reference` reads: the DSM term's ``(z, n)`` (``example_draws`` of
+    ``fold_in(key, 0)``) and each example's probes (``probe_vectors`` of
+    ``fold_in(fold_in(key, 1), b)``)."""
+    # threefry: an rbg key's draws under vmap differ from the same key's draws outside it
+    key = jax.random.key(key_seed)
+    y7 = np.asarray(jax.random.normal(jax.random.key(7), (7, 2, 3), jnp.float32) * 0.9 + 0.1)
+    ys = {b: y7[:b] for b in BATCHES}
+
+    def draws(obj, y):
+        d = math.prod(y.shape[1:])
+        z, n = example_draws(jax.random.fold_in(key, 0), jnp.zeros(y.shape), "normal")
+        k_probe = jax.random.fold_in(key, 1)
+        probes = jax.vmap(
+            lambda i: probe_vectors(jax.random.fold_in(k_probe, i), obj.probes, d, obj.probe)
+        )(jnp.arange(y.shape[0]))
+        return z, n, probes
+
+    objs = [_objectives(proc, sigma_n) for proc, sigma_n in CASES]  # built outside the trace
+
+    @jax.jit
+    def run(ys):
+        out = {}
+        for c, (proc, _) in enumerate(CASES):
+            src = ToySource(process=proc)
+            for b, y in ys.items():
+                out[c, b] = [(*losses_and_call(o, src, y, key), draws(o, y)) for o in objs[c]]
+        return out
+
+    return ys, jax.device_get(run(ys))
+
+
+def reference(obj, proc, y, draws):
     """Per example, in float64, from the module docstring and the documented key streams."""
     y = np.asarray(y, np.float64)
     b_count, shape = y.shape[0], y.shape[1:]
@@ -151,13 +194,11 @@ def reference(obj, proc, y, key):
     sn = obj.sigma_n
     t_n = float(closed_forms.t_of_ve_sigma(proc, sn))
     a_n = float(closed_forms.alpha_sigma(proc, t_n)[0])
-    k_dsm, k_probe = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
-    z, n = (np.asarray(v, np.float64) for v in example_draws(k_dsm, jnp.zeros(y.shape), "normal"))
+    z, n, all_probes = (np.asarray(v, np.float64) for v in draws)
     sd = obj.sigma_data
     out = {"loss": [], "sure": [], "dsm": [], "sigma": []}
     for i in range(b_count):
-        kb = jax.random.fold_in(k_probe, i)
-        probes = np.asarray(probe_vectors(kb, obj.probes, d, obj.probe), np.float64)
+        probes = all_probes[i]
         yi = y[i].ravel()
         h = np_denoiser(a_n * yi, t_n)
         if obj.divergence == "jvp":  # d h / d y = alpha_n J(alpha_n y)
@@ -182,35 +223,34 @@ def reference(obj, proc, y, key):
     return {k: np.array(v) for k, v in out.items()}
 
 
-@pytest.mark.parametrize("proc,sigma_n", [(EDM(), 0.5), (VP(), 0.2)], ids=["EDM", "VP"])
-def test_losses_match_a_float64_per_example_loop(proc, sigma_n):
+@pytest.mark.parametrize("case", [0, 1], ids=["EDM", "VP"])
+def test_losses_match_a_float64_per_example_loop(case):
     """Both divergence estimators, both reductions, P > 1 probes, for B = 1, 2, 7 (a process
     with alpha = 1 and one without), and the batch mean from ``__call__``."""
-    # threefry: an rbg key's draws under vmap differ from the same key's draws outside it
-    key = jax.random.key(3)
+    proc, sigma_n = CASES[case]
     objs = _objectives(proc, sigma_n)
-    for b in (1, 2, 7):
-        y = jax.random.normal(jax.random.key(b), (b, 2, 3), jnp.float32) * 0.9 + 0.1
-        out = _evaluate(objs, ToySource(process=proc), y, key)
-        for obj, ((per, aux), (loss, metrics)) in zip(objs, out, strict=True):
-            ref = reference(obj, proc, y, key)
+    ys, out = _run()
+    for b in BATCHES:
+        for obj, ((per, aux), (loss, metrics), draws) in zip(objs, out[case, b], strict=True):
+            ref = reference(obj, proc, ys[b], draws)
             assert per.shape == (b,)
             tol = dict(rtol=1e-3, atol=1e-5)
-            np.testing.assert_allclose(np.asarray(per), ref["loss"], **tol, err_msg=str(obj))
+            np.testing.assert_allclose(per, ref["loss"], **tol, err_msg=f"{obj} B={b}")
             for k in ("sure", "dsm", "sigma"):
-                np.testing.assert_allclose(np.asarray(aux[k]), ref[k], **tol, err_msg=k)
+                np.testing.assert_allclose(aux[k], ref[k], **tol, err_msg=f"{k} B={b}")
             np.testing.assert_allclose(float(loss), ref["loss"].mean(), **tol)
             np.testing.assert_allclose(float(metrics["sure"]), ref["sure"].mean(), **tol)
 
 
 def test_an_examples_loss_does_not_depend_on_its_batch():
-    key = jax.random.key(5)
-    y = jax.random.normal(jax.random.key(0), (7, 4), jnp.float32)
-    objs = _objectives(EDM(), 0.3)
-    small = _evaluate(objs, ToySource(process=EDM()), y[:3], key)
-    big = _evaluate(objs, ToySource(process=EDM()), y, key)
-    for (s, _), (g, _) in zip(small, big, strict=True):
-        np.testing.assert_allclose(np.asarray(s[0]), np.asarray(g[0])[:3], rtol=1e-6)
+    """The first 1 and 2 examples of a batch of 7 get the losses of a batch of those alone
+    (both objectives and processes of test_losses_match_a_float64_per_example_loop)."""
+    _, out = _run()
+    for case in range(len(CASES)):
+        big = out[case, 7]
+        for b in BATCHES[:-1]:
+            for small, whole in zip(out[case, b], big, strict=True):
+                np.testing.assert_allclose(small[0][0], whole[0][0][:b], rtol=1e-6)
 
 
 def test_gradient_reaches_the_denoiser_through_sure_only():
@@ -227,14 +267,22 @@ def test_gradient_reaches_the_denoiser_through_sure_only():
     obj = SURE(EDM(), sigma_n=0.4)
     y = jax.random.normal(jax.random.key(0), (5, 3))
     key = jax.random.key(1)
-    g = jax.grad(lambda c: obj(Scaled(process=EDM(), c=c), y, key)[0])(0.7)
     lam = (0.16 + 0.25) / (0.4 * 0.5) ** 2
-    # SURE of h = c y in closed form: |y - c y|^2 + 2 sigma^2 c d - d sigma^2 (mean over d)
-    g_sure = jax.grad(lambda c: lam * jnp.mean((1 - c) ** 2 * jnp.mean(y**2, -1) + 0.32 * c))(0.7)
-    x_hat = 0.7 * y
-    g_dsm = jax.grad(
-        lambda c: obj.dsm(Scaled(process=EDM(), c=c), x_hat, jax.random.fold_in(key, 0))[0]
-    )(0.7)
+
+    @jax.jit
+    def grads(c0):  # the three gradients in one compiled call
+        g = jax.grad(lambda c: obj(Scaled(process=EDM(), c=c), y, key)[0])(c0)
+        # SURE of h = c y in closed form: |y - c y|^2 + 2 sigma^2 c d - d sigma^2 (mean over d)
+        g_sure = jax.grad(lambda c: lam * jnp.mean((1 - c) ** 2 * jnp.mean(y**2, -1) + 0.32 * c))(
+            c0
+        )
+        x_hat = c0 * y
+        g_dsm = jax.grad(
+            lambda c: obj.dsm(Scaled(process=EDM(), c=c), x_hat, jax.random.fold_in(key, 0))[0]
+        )(c0)
+        return g, g_sure, g_dsm
+
+    g, g_sure, g_dsm = grads(jnp.float32(0.7))
     assert float(g) == pytest.approx(float(g_sure + g_dsm), rel=1e-4)
 
 
