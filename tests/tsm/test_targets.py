@@ -27,12 +27,18 @@ from scorelib.scores import MixtureScore
 def test_gmm_1d_log_prob_is_normalised_and_score_is_its_gradient():
     t = gmm_1d()
     x = np.linspace(-8, 10, 20001)
-    p = np.exp(np.asarray(t.log_prob(jnp.asarray(x[:, None], jnp.float32)), np.float64))
+    xs = jnp.linspace(-4, 5, 37)[:, None]
+
+    @jax.jit
+    def run(grid, xs):  # one compiled call (eager ops compile one by one)
+        auto = jax.grad(lambda z: jnp.sum(t.log_prob(z)))(xs)
+        return t.log_prob(grid), t.score(xs), auto
+
+    log_p, score, auto = run(jnp.asarray(x[:, None], jnp.float32), xs)
+    p = np.exp(np.asarray(log_p, np.float64))
     assert abs(np.trapezoid(p, x) - 1.0) < 1e-5
     # closed-form score vs autodiff of log_prob
-    xs = jnp.linspace(-4, 5, 37)[:, None]
-    auto = jax.grad(lambda z: jnp.sum(t.log_prob(z)))(xs)
-    np.testing.assert_allclose(t.score(xs), auto, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(score, auto, rtol=1e-4, atol=1e-4)
     # against scipy's mixture pdf, independently written
     ref = sum(
         w * stats.norm.pdf(x, m, s) for w, m, s in [(0.3, -2, 0.4), (0.4, 0, 0.2), (0.3, 2.5, 0.6)]
@@ -45,15 +51,20 @@ def test_gmm_full_cov_2d_normalised_and_matches_mixture_score_at_tiny_noise():
     g = np.linspace(-9, 9, 361)
     xx, yy = np.meshgrid(g, g, indexing="ij")
     pts = jnp.asarray(np.stack([xx.ravel(), yy.ravel()], -1), jnp.float32)
-    p = np.exp(np.asarray(t.log_prob(pts), np.float64)).reshape(xx.shape)
-    assert abs(np.trapezoid(np.trapezoid(p, g, axis=1), g) - 1.0) < 1e-4
-    x = t.sample(jax.random.key(0), 64)
-    auto = jax.grad(lambda z: jnp.sum(t.log_prob(z)))(x)
-    np.testing.assert_allclose(t.score(x), auto, rtol=1e-4, atol=1e-3)
-    # the library's noisy mixture score at sigma = 1e-4 is the clean score up to O(sigma^2)
     src = MixtureScore.create(EDM(sigma_min=1e-5), t.weights, t.means, t.covs)
-    noisy = src.score(x, jnp.full((64,), 1e-4))
-    np.testing.assert_allclose(t.score(x), noisy, rtol=1e-3, atol=1e-3)
+
+    @jax.jit
+    def run(pts):  # one compiled call (eager ops compile one by one)
+        x = t.sample(jax.random.key(0), 64)
+        auto = jax.grad(lambda z: jnp.sum(t.log_prob(z)))(x)
+        return t.log_prob(pts), t.score(x), auto, src.score(x, jnp.full((64,), 1e-4))
+
+    log_p, score, auto, noisy = run(pts)
+    p = np.exp(np.asarray(log_p, np.float64)).reshape(xx.shape)
+    assert abs(np.trapezoid(np.trapezoid(p, g, axis=1), g) - 1.0) < 1e-4
+    np.testing.assert_allclose(score, auto, rtol=1e-4, atol=1e-3)
+    # the library's noisy mixture score at sigma = 1e-4 is the clean score up to O(sigma^2)
+    np.testing.assert_allclose(score, noisy, rtol=1e-3, atol=1e-3)
 
 
 def test_gmm_samples_match_mixture_moments():
@@ -222,10 +233,9 @@ def test_manywell_noisy_score_rules_agree_in_overlap():
     m = ManyWellTarget.create(2)
     src = m.noisy_score(EDM(sigma_min=1e-4))
     y = jnp.linspace(-2.5, 2.5, 41)[:, None]
-    for s in (0.03, 0.05, 0.08):
-        sv = jnp.full(y.shape, s)
-        gh = src._well_score_gh(y, sv)
-        grid = src._well_score_grid(y, sv)
+    rules = jax.jit(lambda y, sv: (src._well_score_gh(y, sv), src._well_score_grid(y, sv)))
+    for s in (0.03, 0.05, 0.08):  # one compilation for the three
+        gh, grid = rules(y, jnp.full(y.shape, s))
         np.testing.assert_allclose(gh, grid, rtol=1e-4, atol=1e-3)
 
 
