@@ -1,7 +1,7 @@
 """experiments.distill on a cluster (experiments.cluster_run): submitit's time-limit signal
 (SIGUSR2) saves the step before submitit's own handler runs, and the resumed run is bit
-identical to the uninterrupted one; data-parallel over 4 devices in 2 processes, the
-one-device run's losses and student."""
+identical to the uninterrupted one; data-parallel over 4 devices in 2 processes (``python
+-m experiments.distill``), the one-device run's losses and student."""
 
 from __future__ import annotations
 
@@ -44,27 +44,47 @@ def _signal_after_first_log(metrics, signum, timeout=300):
     return thread
 
 
+def _compose(*overrides):
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        return compose("distill", overrides=[*SMOKE, *overrides])
+
+
+@pytest.fixture(scope="module")
+def smoke_run():
+    """SMOKE's DistillRun, built once: the in-process runs of this module share its
+    compiled step (SMOKE's trainer.steps, log_every and ckpt_every are not in it)."""
+    from experiments.runs import DistillRun
+
+    return DistillRun.build(_compose())
+
+
+@pytest.fixture
+def same_build(smoke_run, monkeypatch):
+    """``DistillRun.build(cfg)`` returns :func:`smoke_run` with ``cfg`` and a fresh state:
+    copies (the step donates) committed to the device as a restored checkpoint is, so that
+    a resumed run reuses the uninterrupted run's executables (an uncommitted fresh state
+    compiles the step a second time; test_distill.py resumes a fresh run's checkpoint
+    through those other executables)."""
+    from experiments.runs import DistillRun
+
+    device = jax.devices()[0]
+
+    def build(cls, cfg, mesh=None):
+        state = jax.device_put(jax.tree.map(jnp.copy, smoke_run.state), device)
+        return dataclasses.replace(smoke_run, cfg=cfg, state=state)
+
+    monkeypatch.setattr(DistillRun, "build", classmethod(build))
+
+
 @pytest.mark.slow
-def test_submitit_time_limit_signal_saves_then_resume_is_bit_identical(tmp_path, monkeypatch):
+def test_submitit_time_limit_signal_saves_then_resume_is_bit_identical(
+    tmp_path, monkeypatch, same_build
+):
     from experiments.runs import DistillRun, saved_steps, train_run
     from scorelib import training
 
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("distill", overrides=[*SMOKE, f"trainer.steps={STEPS}"])
+    cfg = _compose(f"trainer.steps={STEPS}")
     cfg.trainer.ckpt_every = 100000  # only the signal and the end save
-    built = DistillRun.build(cfg)
-    # copies (the step donates), committed to the device as a restored checkpoint is, so that
-    # the resumed run reuses the uninterrupted run's executables (an uncommitted fresh state
-    # compiles the step a second time; test_distill.py resumes a fresh run's checkpoint
-    # through those other executables)
-    device = jax.devices()[0]
-    fresh = lambda: jax.device_put(jax.tree.map(jnp.copy, built.state), device)  # noqa: E731
-    # one compiled step for the three runs: train_run builds the same run each time
-    monkeypatch.setattr(
-        DistillRun,
-        "build",
-        classmethod(lambda cls, c, mesh=None: dataclasses.replace(built, state=fresh())),
-    )
     quiet = dict(progress=False, tensorboard=False)
 
     _, whole = train_run(DistillRun, cfg, tmp_path / "whole", handle_signals=False, **quiet)
@@ -97,10 +117,14 @@ def test_submitit_time_limit_signal_saves_then_resume_is_bit_identical(tmp_path,
     assert _same(resumed, whole)
 
 
+#: The runs compared: 8 steps, each logged, one checkpoint at the end.
+EIGHT = ["trainer.steps=8", "trainer.log_every=1", "trainer.ckpt_every=8"]
+
+
 def _distill(run_dir, devices, *extra):
-    """``python -m experiments.distill`` (SMOKE, 8 steps, logged every step) in a process
-    whose JAX sees ``devices`` CPU devices."""
-    args = [*SMOKE, "trainer.steps=8", "trainer.log_every=1", "trainer.ckpt_every=8"]
+    """``python -m experiments.distill`` (SMOKE, :data:`EIGHT`) in a process whose JAX sees
+    ``devices`` CPU devices."""
+    args = [*SMOKE, *EIGHT]
     return subprocess.Popen(
         [sys.executable, "-m", "experiments.distill", *args, f"hydra.run.dir={run_dir}", *extra],
         cwd=ROOT,
@@ -124,12 +148,20 @@ def _losses(run_dir):
 
 
 @pytest.mark.slow
-def test_data_parallel_distillation_on_2_processes_of_2_devices_is_the_one_device_run(tmp_path):
-    """The global batch split over 4 devices in 2 processes (jax.distributed on localhost):
-    the losses, ratios and per-bin means of every step, and the student's samples, are the
-    one-device run's up to the order of the reductions."""
+def test_data_parallel_distillation_on_2_processes_of_2_devices_is_the_one_device_run(
+    tmp_path, same_build
+):
+    """The global batch split over 4 devices in 2 processes (``python -m
+    experiments.distill``, jax.distributed on localhost): the losses, ratios and per-bin
+    means of every step, and the student's samples, are the one-device run's (the same
+    run in this process, with the module's compiled step) up to the order of the
+    reductions."""
+    from experiments.runs import DistillRun, train_run
+
     one = tmp_path / "one"
-    _finish(_distill(one, 1))
+    quiet = dict(progress=False, handle_signals=False, tensorboard=False)
+    run_, state = train_run(DistillRun, _compose(*EIGHT), one, **quiet)
+    run_.save_samples(state, one, progress=False)  # as experiments.distill does
     port = parallel.free_ports(2)  # the coordinator's and the roll call's
     four = tmp_path / "four"
     cluster = [f"cluster.coordinator_address=127.0.0.1:{port}", "cluster.num_processes=2"]

@@ -85,8 +85,10 @@ def test_every_command_the_docs_show_composes():
 
 def _compose_all() -> tuple[int, list[str], list[str]]:
     """Compose every shown command (inside an initialised Hydra); ``(composed, skipped,
-    failures)``."""
+    failures)``. A job the docs show twice is composed once (composing is deterministic):
+    its error, if any, is reported for every line that shows it."""
     composed, skipped, failures = 0, [], []
+    errors: dict[tuple, Exception | None] = {}  # (app, overrides) -> what composing raised
     for page, app, words in shown_commands():
         line = f"{page.name}: python -m experiments.{app} {' '.join(words)}"
         if app not in APPS:
@@ -95,11 +97,18 @@ def _compose_all() -> tuple[int, list[str], list[str]]:
         if any("<" in w or "$" in w for w in words):  # a placeholder or a shell variable
             skipped.append(line)
             continue
-        try:
-            for overrides in _jobs(words):
-                compose(app, overrides=overrides, return_hydra_config=True)
-        except Exception as e:  # report every failing command at once
-            failures.append(f"{line}\n  {type(e).__name__}: {str(e).splitlines()[0]}")
+        for overrides in _jobs(words):
+            job = (app, tuple(overrides))
+            if job not in errors:
+                try:
+                    compose(app, overrides=overrides, return_hydra_config=True)
+                    errors[job] = None
+                except Exception as e:  # report every failing command at once
+                    errors[job] = e
+            if errors[job] is not None:
+                e = errors[job]
+                failures.append(f"{line}\n  {type(e).__name__}: {str(e).splitlines()[0]}")
+                break
         else:
             composed += 1
     return composed, skipped, failures
