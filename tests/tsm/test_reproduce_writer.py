@@ -106,7 +106,7 @@ def test_tsm_settings_smoke_merge_and_validation():
     assert isinstance(full.sigmas[0], float)  # not a YAML string
     cfg.scale = "smoke"
     smoke = tln._settings(cfg)
-    assert list(smoke.run_targets) == ["gmm1d", "manywell8d"] and smoke.train.steps < 100
+    assert list(smoke.run_targets) == ["gmm1d"] and smoke.train.steps < 100
     assert smoke.train.lr == full.train.lr  # untouched fields survive the merge
     for field, value, msg in [
         ("scale", "huge", "table.scale"),
