@@ -150,7 +150,11 @@ def test_hutchinson_likelihood_and_bits_per_dim_in_float32_and_under_x64(precisi
         p = EDM()
         g = GaussianScore.from_covariance(p, mean=[0.0, 0.0], cov=np.eye(2))
         key = jax.random.key(0)
-        x = np.array([[0.0, 0.0], [0.5, -1.0]])
+        # the point, another, and 46 more: 48 examples, the batch of the exact solve
+        # test_bits_per_dim_of_discrete_data_closed_form_and_nonnegative compiles (float32)
+        x = np.concatenate(
+            [[[0.0, 0.0], [0.5, -1.0]], np.random.default_rng(8).normal(size=(46, 2))]
+        )
         prior = _edm_standard_normal_logp(p.t_max)  # the exact marginal at t_max
         logp, _ = pf_ode_log_likelihood(g, x, key, prior_logp=prior)
         exact, _ = pf_ode_log_likelihood(g, x, key, divergence="exact", prior_logp=prior)
@@ -160,11 +164,11 @@ def test_hutchinson_likelihood_and_bits_per_dim_in_float32_and_under_x64(precisi
         ref = np.asarray(_edm_standard_normal_logp(p.t_min)(jnp.asarray(x)), np.float64)
         np.testing.assert_allclose(np.asarray(logp), ref, atol=2e-4)
         # bits/dim by default (Hutchinson): against the closed form at the dequantised points
-        # (two examples, as above: the same compiled solve)
+        # (48 examples, as above: the same compiled solve)
         levels = 17
-        bpd, info = bits_per_dim(g, np.zeros((2, 2)), key, levels=levels, prior_logp=prior)
+        bpd, info = bits_per_dim(g, np.zeros((48, 2)), key, levels=levels, prior_logp=prior)
         assert bpd.dtype == want_dtype
-        y = dequantise(np.zeros((2, 2)), jax.random.split(key)[0], levels=levels)
+        y = dequantise(np.zeros((48, 2)), jax.random.split(key)[0], levels=levels)
         nll = -np.asarray(_edm_standard_normal_logp(p.t_min)(jnp.asarray(y)), np.float64)
         ref_bpd = (nll / 2 - math.log(level_spacing(levels))) / math.log(2)
         np.testing.assert_allclose(np.asarray(bpd, np.float64), ref_bpd, rtol=0, atol=2e-4)

@@ -103,7 +103,11 @@ def straight(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("jax_cache")
+    """The suite's persistent compilation cache (tests/conftest.py), where this process's
+    straight run left its compiled train step: the subprocesses load it instead of
+    compiling it. (An entry cut short by a SIGKILL is only a warning and a compilation for
+    the next reader: JAX does not raise on an unreadable entry.)"""
+    return os.environ.get("JAX_COMPILATION_CACHE_DIR") or tmp_path_factory.mktemp("jax_cache")
 
 
 def test_resume_in_fresh_process_is_bit_identical(straight, cache_dir, tmp_path):

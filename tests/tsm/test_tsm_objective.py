@@ -11,7 +11,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from objective_calls import losses_and_call
 
 from scorelib.data.targets import GaussianMixtureTarget, gmm_1d, random_gaussian_mixture
 from scorelib.objectives import DSM, TSM, MixedScoreMatching, example_draws, kappa_schedule
@@ -234,20 +233,16 @@ def test_per_example_loss_against_a_loop(b):
     target = random_gaussian_mixture(3, 2, seed=0)
     src = LinearScore(process=p, A=-jnp.eye(3), b=jnp.zeros(3), c=jnp.ones(3) * 0.2)
     obj = MixedScoreMatching(p, target, kappa="log_linear", weighting="sigma2", reduce="sum")
+    x0 = target.sample(jax.random.key(2), b)
     key = jax.random.key(4)
-
-    @jax.jit
-    def run(key):  # one compiled call (eager ops compile one by one)
-        x0 = target.sample(jax.random.key(2), b)
-        u, eps = example_draws(key, x0, "uniform")
-        return x0, losses_and_call(obj, src, x0, key), eps, obj.times(u), target.score(x0)
-
-    x0, ((loss, aux), (scalar, metrics)), eps, t, g = run(key)
+    loss, aux = obj.example_losses(src, x0, key)
     assert loss.shape == (b,)
+    u, eps = example_draws(key, x0, "uniform")
+    t = obj.times(u)
     np.testing.assert_array_equal(aux["t"], t)
     # reference in float64 numpy, one example at a time (the clean target score is
     # tested on its own in test_targets.py)
-    g = np.asarray(g, np.float64)
+    g = np.asarray(target.score(x0), np.float64)
     x64, eps, t64 = (np.asarray(v, np.float64) for v in (x0, eps, t))
     A, bb, c = (np.asarray(v, np.float64) for v in (src.A, src.b, src.c))
     for i in range(b):
@@ -257,6 +252,7 @@ def test_per_example_loss_against_a_loop(b):
         u = k * g[i] / a + (1 - k) * (-eps[i] / s)
         pred = A @ xt + bb + t64[i] * c
         np.testing.assert_allclose(loss[i], s**2 * np.sum((pred - u) ** 2), rtol=1e-4)
+    scalar, metrics = obj(src, x0, key)
     np.testing.assert_allclose(scalar, loss.mean(), rtol=1e-6)
     assert set(metrics) >= {"loss", "kappa", "t", "ve_sigma"}
 
@@ -330,44 +326,38 @@ def test_weightings():
     tg = gmm_1d()
     t = jnp.asarray([0.05, 0.5, 0.95])
     a, s = closed_forms.alpha_sigma(p, np.asarray(t, np.float64))
+    np.testing.assert_allclose(
+        MixedScoreMatching(p, tg, weighting="sigma2").weight(t), s**2, rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        MixedScoreMatching(p, tg, weighting="likelihood").weight(t),
+        closed_forms.f_g2(p, np.asarray(t, np.float64))[1],
+        rtol=1e-5,
+    )
+    np.testing.assert_allclose(TSM(p, tg, weighting="alpha2").weight(t), a**2, rtol=1e-5)
     sd = 0.8
-    objs = {
-        "sigma2": MixedScoreMatching(p, tg, weighting="sigma2"),
-        "likelihood": MixedScoreMatching(p, tg, weighting="likelihood"),
-        "alpha2": TSM(p, tg, weighting="alpha2"),
-        "relative": MixedScoreMatching(p, tg, weighting="relative", sigma_d=sd),
-        "kappa": MixedScoreMatching(
-            p, tg, kappa="log_linear", sigma_lo=0.1, sigma_hi=10.0, weighting="kappa"
-        ),
-        "fisher": MixedScoreMatching(
-            p, tg, kappa="switch", weighting="fisher", sigma_d=sd, sigma_fisher=0.3
-        ),
-    }
-    src = LinearScore(process=p, A=-jnp.eye(1), b=jnp.zeros(1), c=jnp.zeros(1))
-    obj = TSM(p, tg, weighting="alpha2", reduce="sum")
-
-    @jax.jit
-    def run(t):  # one compiled call (eager ops compile one by one)
-        x0 = tg.sample(jax.random.key(0), 5)
-        loss, _ = obj.example_losses(src, x0, jax.random.key(1))
-        u, eps = example_draws(jax.random.key(1), x0, "uniform")
-        tt = obj.times(u)
-        xt = p.marginal_sample(x0, tt, eps)
-        at = p.alpha(tt)[:, None]
-        ref = jnp.sum((at * src.score(xt, tt) - tg.score(x0)) ** 2, -1)
-        return {k: o.weight(t) for k, o in objs.items()}, loss, ref
-
-    w, loss, ref = run(t)
-    np.testing.assert_allclose(w["sigma2"], s**2, rtol=1e-5)
-    g2 = closed_forms.f_g2(p, np.asarray(t, np.float64))[1]
-    np.testing.assert_allclose(w["likelihood"], g2, rtol=1e-5)
-    np.testing.assert_allclose(w["alpha2"], a**2, rtol=1e-5)
-    np.testing.assert_allclose(w["relative"], a**2 * (sd**2 + (s / a) ** 2) / sd**2, rtol=1e-5)
+    rel = MixedScoreMatching(p, tg, weighting="relative", sigma_d=sd).weight(t)
+    np.testing.assert_allclose(rel, a**2 * (sd**2 + (s / a) ** 2) / sd**2, rtol=1e-5)
+    mix = MixedScoreMatching(
+        p, tg, kappa="log_linear", sigma_lo=0.1, sigma_hi=10.0, weighting="kappa"
+    )
     k = np.clip(np.log(10.0 / (s / a)) / np.log(100.0), 0, 1)
-    np.testing.assert_allclose(w["kappa"], k * a**2 + (1 - k) * s**2, rtol=1e-5)
+    np.testing.assert_allclose(mix.weight(t), k * a**2 + (1 - k) * s**2, rtol=1e-5)
     assert 0 < k[1] < 1  # the interpolation is exercised
     # fisher: alpha^2 (v^2 + sf^2)(v^2 + sd^2) / sd^2 with v = sigma / alpha
+    fis = MixedScoreMatching(
+        p, tg, kappa="switch", weighting="fisher", sigma_d=sd, sigma_fisher=0.3
+    )
     v2 = (s / a) ** 2
-    np.testing.assert_allclose(w["fisher"], a**2 * (v2 + 0.09) * (v2 + sd**2) / sd**2, rtol=1e-5)
+    np.testing.assert_allclose(fis.weight(t), a**2 * (v2 + 0.09) * (v2 + sd**2) / sd**2, rtol=1e-5)
     # pure TSM with alpha2 is the normalised loss ||alpha s_theta - grad log p0(x0)||^2
+    src = LinearScore(process=p, A=-jnp.eye(1), b=jnp.zeros(1), c=jnp.zeros(1))
+    x0 = tg.sample(jax.random.key(0), 5)
+    obj = TSM(p, tg, weighting="alpha2", reduce="sum")
+    loss, aux = obj.example_losses(src, x0, jax.random.key(1))
+    u, eps = example_draws(jax.random.key(1), x0, "uniform")
+    tt = obj.times(u)
+    xt = p.marginal_sample(x0, tt, eps)
+    at = p.alpha(tt)[:, None]
+    ref = jnp.sum((at * src.score(xt, tt) - tg.score(x0)) ** 2, -1)
     np.testing.assert_allclose(loss, ref, rtol=1e-4)
