@@ -5,7 +5,9 @@ import json
 
 import numpy as np
 import pytest
+from compose_train import compose_train
 from entry_helpers import run_inprocess
+from omegaconf import OmegaConf
 
 pytestmark = pytest.mark.slow
 
@@ -55,8 +57,13 @@ def test_fdistill_digits_smoke(tmp_path):
     assert "student, forward-KL" in summary and "1.92" in summary  # the paper's FID
 
 
-def test_fdistill_digits_refuses_a_teacher_of_other_data_before_compute(toy_run, tmp_path):
-    """table.teacher=<a 2-D toy run>: one line naming table.teacher, nothing trained."""
+def test_fdistill_digits_refuses_a_teacher_of_other_data_before_compute(tmp_path):
+    """table.teacher=<a 2-D toy run>: one line naming table.teacher, nothing trained. The
+    table reads the teacher's config.yaml (experiments.tables.common.check_digits_run):
+    the run is the config.yaml that ``experiments.train experiment=toy_dsm`` writes."""
+    toy_run = tmp_path / "toy_dsm"
+    toy_run.mkdir()
+    OmegaConf.save(compose_train(["experiment=toy_dsm"]), toy_run / "config.yaml", resolve=True)
     run_dir = tmp_path / "run"
     r = run_inprocess(
         "reproduce",
