@@ -38,6 +38,7 @@ def one_probe_variance(j, noise):
 
 
 @pytest.mark.parametrize("estimator,step", [("jvp", None), ("fd", 1e-3)])
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_unbiased_and_variance_falls_with_probes(estimator, step):
     fn = small_net()
     x = jnp.asarray([0.3, -0.8, 1.1, 0.0, -0.2], jnp.float32)

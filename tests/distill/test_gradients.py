@@ -61,6 +61,7 @@ def estimated_gradient(name, m, s, nodes=80):
 
 
 @pytest.mark.parametrize("name", distill.DIVERGENCES)
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_gradient_matches_finite_differences_of_the_divergence(name):
     with jax.enable_x64(True):
         d = 1e-4

@@ -105,6 +105,7 @@ def _four_mode_setup():
     return params, opts, cfg, step
 
 
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_student_and_critic_steps_move_their_own_parts_and_nan_stops():
     params, opts, cfg, step = _four_mode_setup()
     state = distill.init_distill_state(params, opts, cfg, seed=0)
@@ -226,6 +227,7 @@ def _one_step_student(teacher, batch, *, steps, lr, student_every=2):
     return draw(state0.params["student"]), draw(jax.device_get(state.params["student"])), metrics
 
 
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_a_gaussian_teacher_pulls_the_student_toward_its_mean():
     """GaussianScore (the analytic Gaussian): the fresh student's samples start near 0 and
     move toward the teacher's mean (2, -1.5); every loss and gradient stays finite."""
@@ -244,6 +246,7 @@ def test_a_gaussian_teacher_pulls_the_student_toward_its_mean():
     assert d1 < 0.7 * d0, (d0, d1)
 
 
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_an_empirical_teacher_runs_finite_and_moves_the_student():
     """EmpiricalScore (the exact score of a 16-point training set): a few steps are finite,
     the student moves and its samples stay finite."""

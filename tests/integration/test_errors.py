@@ -210,6 +210,7 @@ def test_at_least_25_bad_commands():
         (S, [], "run_dir is required"),
     ],
 )
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_bad_commands_through_a_real_subprocess(module, overrides, expected, tmp_path):
     r = run(module, *overrides, cwd=tmp_path, check=False, timeout=300)
     assert r.code == 2, r.stderr[-3000:]

@@ -73,6 +73,7 @@ def _jobs(words: list[str]) -> list[list[str]]:
     return jobs
 
 
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_every_command_the_docs_show_composes():
     schema.register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):

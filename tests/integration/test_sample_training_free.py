@@ -10,6 +10,7 @@ import pytest
 from entry_helpers import run_inprocess
 
 
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_cfdm_moons_samples_and_evaluates_without_a_checkpoint(tmp_path):
     r = run_inprocess(
         "sample",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import traceback
 
+import pytest
 from entry_helpers import TOY_STEPS, run
 from submitit.core.utils import FailedJobError, JobPaths, UncompletedJobError, cloudpickle_dump
 
@@ -24,6 +25,7 @@ TINY = [
 ]
 
 
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_an_invalid_job_refuses_the_sweep_before_any_job_runs(tmp_path):
     """Issue 21, 5: the valid job used to train first, then the sweep stopped on the
     invalid one. Each invalid job gets a line (a range checked when the run is built, a
@@ -50,6 +52,7 @@ def test_a_refused_sweep_keeps_the_directories_and_files_that_were_there(tmp_pat
     assert (sweep / "multirun.yaml").read_text() == "an earlier sweep's\n"
 
 
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_a_distillation_sweep_is_checked_by_building_each_run(tmp_path):
     args = ["experiment=fdistill_gmm", "trainer.steps=2", "distill.divergence=kl,bogus"]
     r = run("distill", "-m", *args, "distill.r1_weight=0,-1", cwd=tmp_path, check=False)

@@ -58,7 +58,12 @@ SLOW = pytest.mark.slow
 
 @pytest.mark.parametrize(
     "process",
-    [EDM(), VP(), pytest.param(VE(), marks=SLOW), pytest.param(SubVP(), marks=SLOW)],
+    [
+        EDM(),
+        pytest.param(VP(), marks=SLOW),
+        pytest.param(VE(), marks=SLOW),
+        pytest.param(SubVP(), marks=SLOW),
+    ],
     ids=lambda p: type(p).__name__,
 )
 def test_gaussian_closed_form(gaussian, process):
@@ -113,6 +118,7 @@ def test_hutchinson_mean_and_variance_against_closed_form():
         assert est.var() == pytest.approx(var_one[noise] / probes, rel=0.12), (noise, probes)
 
 
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_hutchinson_likelihood_is_unbiased(gaussian):
     mu, cov, x = gaussian
     source = GaussianScore.from_covariance(EDM(), mu, cov)
@@ -139,6 +145,7 @@ def _edm_standard_normal_logp(sigma: float):
 
 
 @pytest.mark.parametrize("precision", ["float32", "x64"])
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_hutchinson_likelihood_and_bits_per_dim_in_float32_and_under_x64(precision):
     # The inputs: under x64, GaussianScore.from_covariance(EDM(), mean=[0, 0],
     # cov=I) and x = zeros((1, 2)) failed in jax.jvp (float32 probes against the float64

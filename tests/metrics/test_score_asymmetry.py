@@ -49,6 +49,7 @@ def test_separates_gradient_fields_from_a_rotational_net():
     assert bad["relative"] > 0.05
 
 
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_hutchinson_within_its_standard_error_of_the_exact_value_and_chunking_invariant():
     net = tiny_net(4, d=D)
     x0 = np.random.default_rng(5).normal(size=(400, D)).astype(np.float32)

@@ -37,6 +37,7 @@ def test_patches_match_a_loop(radius):
 
 
 @pytest.mark.parametrize("radius", [1, 2])
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_patch_mlp_output_depends_only_on_the_neighbourhood(radius):
     """d F[i, j] / d x[k, l] is exactly 0 outside the (2 radius + 1)^2 neighbourhood of
     (i, j) and non-zero inside it (Jacobian by autodiff); the same patch at two positions

@@ -159,6 +159,7 @@ def tiny():
     return dict(out=out, params=params, x=x)
 
 
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_zero_initialised_output(tiny):
     out = tiny["out"]["init"]
     assert out.shape == tiny["x"].shape

@@ -184,6 +184,7 @@ def _reference(wrapper, out):
 
 
 @pytest.mark.parametrize("case", range(len(_PER_EXAMPLE)), ids=_PER_EXAMPLE_IDS)
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_per_example_losses_against_a_float64_loop(case):
     """The wrapper's per-example losses and batch mean against :func:`_reference` (all
     cases compiled together, :func:`_per_example_outputs`)."""

@@ -151,6 +151,7 @@ def _ref_edm(proc, reduce, x0, draws, P_mean, P_std, sigma_data):
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_losses_match_per_example_loop(shape):
     """DSM (3 weightings, 2 reductions) and EDM (2 reductions) for B = 1, 2, 7, under EDM, VE,
     VP and sub-VP (one compiled program for all of them)."""

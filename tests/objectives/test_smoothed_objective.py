@@ -44,6 +44,7 @@ def reference_losses(x0, key, sigma_s, M):
 
 
 @pytest.mark.parametrize("batch", [1, 2, 7])
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_matches_a_float64_per_example_loop(batch):
     teacher = SmoothedScore.create(EmpiricalScore.create(P, TRAIN, chunk=8), sigma_s=0.3, M=2)
     obj = SmoothedScoreMatching.create(teacher)

@@ -224,6 +224,7 @@ def reference(obj, proc, y, draws):
 
 
 @pytest.mark.parametrize("case", [0, 1], ids=["EDM", "VP"])
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_losses_match_a_float64_per_example_loop(case):
     """Both divergence estimators, both reductions, P > 1 probes, for B = 1, 2, 7 (a process
     with alpha = 1 and one without), and the batch mean from ``__call__``."""

@@ -277,6 +277,7 @@ def test_nfe_equals_the_counted_model_calls():
         assert isinstance(info["nfe"], int)
 
 
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_same_key_same_samples_and_batch_split():
     """Every sampler: the same key gives the same samples (two runs of one compiled
     program); halves drawn with first_index give the samples of the whole batch; another

@@ -83,6 +83,7 @@ def test_two_fixed_draws_land_on_midpoints_of_pairs():
     assert np.median(nearest(x, TRAIN)) > 1e-2  # new points, not copies
 
 
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_samples_do_not_depend_on_their_batch():
     src = smoothed(0.3, 2)
     whole, _ = cfdm_sample(src, jax.random.key(4), 8, T=0.9, S=50)

@@ -22,6 +22,7 @@ NS = [16, 32, 64]
     "name,low,high", [("pf_ode_euler", 0.8, 1.3), ("heun", 1.7, 2.5), ("dpmpp_2m", 1.7, 2.5)]
 )
 @pytest.mark.parametrize("process", ["vp", "edm"])
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_convergence_order(name, low, high, process):
     p = PROCESSES[process]
     src = G.source(p, x64=True)

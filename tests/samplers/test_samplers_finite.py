@@ -46,6 +46,7 @@ def check_finite(sources, cases):
         assert steps[case] == case[2], (case, steps[case])
 
 
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_finite_for_every_n_on_vp(mixture_sources):
     """Every sampler configuration on VP at N in {1, 2, 3, 10, 50}."""
     check_finite(mixture_sources, [(c, "vp", n) for c in CONFIGS for n in (1, 2, 3, 10, 50)])

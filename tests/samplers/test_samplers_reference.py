@@ -143,6 +143,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_sampler_matches_numpy_reference(case):
     opts, ref = CASES[case]
     x_T = np.random.default_rng(1).normal(size=(B, 3)) * 0.9

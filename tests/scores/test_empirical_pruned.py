@@ -132,6 +132,7 @@ def test_same_answer_with_and_without_pruning(sigma):
         np.testing.assert_allclose(got, ref, atol=3e-5)
 
 
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_the_cfdm_regime_is_pruned():
     """sigma-CFDM on the digits (rectified flow, t in [0.95, 1), perturbed queries): every
     query is certified, so the fast path is the one that runs."""

@@ -57,6 +57,7 @@ def _posterior(src, x, t):
 # ---------------------------------------------------------------------- Gaussian closed form
 @pytest.mark.parametrize("estimator", ["dsi", "tsi"])
 @pytest.mark.parametrize("t", [0.05, 0.4])
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_gaussian_score_within_mc_error_that_falls_as_one_over_sqrt_n(estimator, t):
     """MALA chains (exact invariant law, run to equilibrium) on N(M0, S0^2 I): the error of
     the estimate, standardised by its Monte-Carlo std from the closed-form posterior
@@ -158,6 +159,7 @@ def test_chains_match_a_float64_loop_with_the_documented_draws(method):
         np.testing.assert_allclose(got[b], want, rtol=2e-4, atol=2e-4)
 
 
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_draws_are_per_example_and_per_time():
     x = jnp.asarray(np.random.default_rng(1).normal(size=(6, 2)), jnp.float32)
     kw = dict(n_samples=4, n_steps=3, init="importance", n_proposals=8)
@@ -178,6 +180,7 @@ def _standardised_error(src, exact_denoiser, x, t):
     return (x0.mean(1) - exact_denoiser) / se
 
 
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_mixture_posterior_mean_matches_the_exact_mixture_score():
     """A bimodal 1-D mixture whose posterior is bimodal at t = 0.5: importance start (the
     posterior's mode weights) and MALA; the denoiser of the exact MixtureScore."""
@@ -199,6 +202,7 @@ def test_mixture_posterior_mean_matches_the_exact_mixture_score():
     assert abs(np.mean(z)) < 0.35 and 0.6 < np.mean(z**2) < 1.6, (np.mean(z), np.mean(z**2))
 
 
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_manywell_posterior_mean_matches_the_quadrature_score():
     tg = ManyWellTarget.create(2)
     exact = tg.noisy_score(OU)
@@ -271,6 +275,7 @@ class CountingGauss(Target):
     ],
     ids=["mala-importance", "ula-tsi", "is-only-tsi"],
 )
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_target_evaluations_are_counted_exactly(opts):
     counts = {"grad": 0, "density": 0}
     tg = CountingGauss(counts=counts)

@@ -138,6 +138,7 @@ def _empirical_denoiser_np(data, y, s):
     return np.array(out)
 
 
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_good_queries_under_x64_are_float64_closed_forms():
     rng = np.random.default_rng(1)
     data = rng.normal(size=(8, 2))

@@ -46,6 +46,7 @@ def brute_smoothed_denoiser(train, x, alpha, ve_sigma, eps, sigma_s):
 @pytest.mark.parametrize(
     "p,t", [(RectifiedFlow(), 0.3), (VP(), 0.4), (EDM(), 0.5)], ids=["rf", "vp", "edm"]
 )
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_matches_float64_brute_force_with_the_documented_draws(p, t, redraw):
     rng = np.random.default_rng(0)
     train = rng.normal(size=(40, 3))
@@ -83,6 +84,7 @@ def test_fixed_draws_do_not_depend_on_time_and_redraws_do():
 
 
 @pytest.mark.parametrize("M", [1, 4])
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_sigma_s_zero_is_the_exact_score_for_any_M(M):
     """sigma_s = 0: the score of the noised training mixture, a float64 loop over
     grad_x log (1/n) sum_i N(x; alpha x_i, sigma^2 I) at each example's own time."""
@@ -104,6 +106,7 @@ def test_sigma_s_zero_is_the_exact_score_for_any_M(M):
     np.testing.assert_allclose(got, np.array(ref), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_per_example_draws_do_not_depend_on_the_batch():
     rng = np.random.default_rng(3)
     tab = EmpiricalScore.create(EDM(), rng.normal(size=(25, 2)), chunk=8)

@@ -40,6 +40,7 @@ def setup():
     return graphdef, opt, ema, states, objectives
 
 
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_equals_separate_single_seed_runs():
     graphdef, opt, ema, states, objectives = setup()
     make_source = network_source(EDM(), graphdef, 0.5)

@@ -41,6 +41,9 @@ def _env(cache_dir):
         JAX_COMPILATION_CACHE_DIR=str(cache_dir),
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
         JAX_PLATFORMS="cpu",
+        # the flags this process compiled the straight run with (tests/conftest.py): the
+        # bit-for-bit comparison is of one program, and the subprocesses load it from the cache
+        XLA_FLAGS=os.environ.get("SCORELIB_TEST_XLA_FLAGS", ""),
         # this checkout's scorelib, not whichever one is installed
         PYTHONPATH=os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")])),
     )
@@ -110,6 +113,7 @@ def cache_dir(tmp_path_factory):
     return os.environ.get("JAX_COMPILATION_CACHE_DIR") or tmp_path_factory.mktemp("jax_cache")
 
 
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_resume_in_fresh_process_is_bit_identical(straight, cache_dir, tmp_path):
     ref, ref_dir = straight
     assert int(ref.step) == M

@@ -199,6 +199,7 @@ def test_ema_of_a_300_step_run_beats_raw_params_at_the_optimum(warmup):
         assert np.all(avg > 100 * raw), (avg, raw)
 
 
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_ema_of_a_300_step_toy_diffusion_run_is_not_worse_than_raw():
     """The EMA (decay 0.999) of a 300-step toy diffusion run with warm-up is not worse than
     the raw parameters on held-out data; without warm-up it is far worse. The run is

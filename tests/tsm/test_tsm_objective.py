@@ -86,6 +86,7 @@ def _per_example_grads(obj, src, x0, key):
 @pytest.mark.parametrize(
     "process,t_range", [(EDM(sigma_min=1e-3), (0.05, 2.0)), (VP(), (0.02, 0.6))], ids=["edm", "vp"]
 )
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_dsm_and_tsm_gradients_agree_in_expectation_on_a_linear_model(process, t_range):
     target = random_gaussian_mixture(2, 3, seed=4, mean_scale=1.0, var_range=(0.2, 1.0))
     src = LinearScore(
@@ -151,6 +152,7 @@ SIGMAS_OPT = [0.01, 0.3, 3.0]
     [VE(sigma_min=1e-4), pytest.param(EDM(sigma_min=1e-4), marks=pytest.mark.slow), VP()],
     ids=["ve", "edm", "vp"],
 )
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_gaussian_optimal_label_has_zero_variance_for_gaussian_data(process):
     sd = 0.7
     target = GaussianMixtureTarget.create([1.0], [[0.5, -1.0, 2.0]], stds=[sd])
@@ -226,6 +228,7 @@ def test_dsm_kappa_is_exactly_the_library_dsm():
 
 
 @pytest.mark.parametrize("b", [1, pytest.param(2, marks=pytest.mark.slow), 7])
+@pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_per_example_loss_against_a_loop(b):
     """No [b,1] x [b] broadcasting of the weight against the error: the batch loss equals a
     per-example loop."""
