@@ -1,7 +1,7 @@
 """The one-command GPU benchmark (``make bench-gpu``): the CIFAR-10 presets on one accelerator.
 
-On the first local device, with synthetic 32x32x3 images (uniform uint8 in a temporary
-``.npz``: no data set is needed, a step costs the same):
+On one GPU (``CUDA_VISIBLE_DEVICES=0`` unless set), with synthetic 32x32x3 images (uniform
+uint8 in a temporary ``.npz``: no data set is needed, a step costs the same):
 
 1. **train**: steps/s and images/s of the CIFAR-10 EDM U-Net recipe (``docs/clusters.md``,
    "CIFAR-10 recipes": ``experiment=mnist_edm`` with ``data=npz model.channels=128
@@ -17,12 +17,13 @@ On the first local device, with synthetic 32x32x3 images (uniform uint8 in a tem
 
 each with the device's peak memory after it (``memory_stats()["peak_bytes_in_use"]``, a
 running peak). Printed as a markdown table with the device, jax version, revision and
-wall time. The defaults finish within 8 minutes on one recent GPU (bounded steps and
-repeats: most of the time is XLA compiling the three programs).
+wall time. The defaults are sized to finish within 8 minutes on one recent GPU (bounded
+steps and repeats; most of the time should be XLA compiling the three programs); not yet
+run on a GPU.
 
     make install-cuda && make bench-gpu        # = .venv/bin/python benchmarks/scaling_gpu.py
-    .venv/bin/python benchmarks/scaling_gpu.py [--train-steps 50] [--distill-steps 20]
-        [--sample-batch 2048] [--distill-batch 256] [--repeats 3]
+    .venv/bin/python benchmarks/scaling_gpu.py [--train-steps 50] [--sample-batch 2048]
+        [--distill-batch 256] [--distill-cycles 4] [--repeats 3]
     .venv/bin/python benchmarks/scaling_gpu.py --cpu-smoke    # every path, tiny, on CPU
 
 Without a GPU it stops with a one-line message (a CPU-only jaxlib: ``make install-cuda``).
@@ -200,6 +201,9 @@ def refusal(backend: str, smoke: bool) -> str | None:
 
 def main(argv=None) -> None:
     a = parse_args(argv)
+    # one accelerator: the first GPU unless the caller chose (read when JAX starts its
+    # backends, at jax.default_backend() below; nothing imported above has started them)
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")
     msg = refusal(jax.default_backend(), a.cpu_smoke)
     if msg:
         sys.exit(msg)
