@@ -4,9 +4,12 @@ For ``N`` training points in ``d`` dimensions (isotropic Gaussian, or a mixture 
 tight clusters), batch 256, the paper's defaults (``T = 0.95``, ``S = 100``: 5 Euler steps;
 ``sigma_s = 0.4``, ``M = 2``; ``k = l = 15``), times ``scorelib.samplers.cfdm_sample`` with
 
-* ``exact``: the exact estimator as the library runs it (``scorelib.scores.EmpiricalScore``:
-  the certified pruned pass, one ``b x N x d`` matmul plus the softmax over the points of
-  the nearest sub-blocks, falling back to the streamed softmax when not certified);
+* ``exact``: the exact estimator as the library runs it (``scorelib.scores.EmpiricalScore``
+  with its default ``prune="auto"``: from ``AUTO_PRUNE_MIN_DIM`` dimensions on the
+  certified pruned pass, one ``b x N x d`` matmul plus the softmax over the points of the
+  nearest sub-blocks, falling back to the streamed softmax when not certified; below it
+  the streamed softmax);
+* ``exact-pruned``: the pruned pass forced (``prune = 8``) at every ``d``;
 * ``exact-full``: the streamed softmax alone (``prune = 0``; two ``b x N x d`` matmuls per
   perturbed query batch per step);
 * ``nn-jax``: the NN estimator with the exact blocked top-k in JAX (one matmul);
@@ -36,7 +39,16 @@ relative distance contrast ``(d_K'(q1) - d_k(q1)) / d_k(q1)`` and the median ste
 
     .venv/bin/python benchmarks/closed_form.py [--ns 1000 10000 100000 1000000] [--dims 2 64]
         [--data gaussian clustered] [--paths exact nn-jax nn-flat nn-ivf nn-hnsw] [--repeats 2]
-        [--baseline-max-n 100000] [--slow-max-n 100000] [--ivf-sweep] [--out rows.json]
+        [--baseline-max-n 100000] [--slow-max-n 100000] [--ivf-sweep] [--lean]
+        [--out rows.json]
+
+The pruned-versus-streamed crossover in dimension (the default of ``prune``; under 5
+minutes on 2 idle cores)::
+
+    .venv/bin/python benchmarks/closed_form.py --lean --data gaussian --dims 2 4 8 16 32 64 \
+        --ns 10000 100000 --paths exact-pruned exact-full --repeats 3 --baseline-max-n 0
+
+``--lean`` times the paths only (no recorded queries, recall, reuse or IVF sweep).
 
 ``--ivf-sweep`` finds, per case, the fewest IVF cells probed (``nprobe`` doubling) that
 reach recall@k >= 0.99 on the sampler's queries: the share of the training set an
@@ -46,7 +58,8 @@ sublinearly in ``N`` on that data.
 The port baseline runs for ``N <= --baseline-max-n`` only, and ``nn-flat``/``nn-hnsw``
 (slow search or index build) for ``N <= --slow-max-n``.
 
-Timings are wall clock, minimum over ``--repeats`` runs after a compile run.
+Timings are wall clock, minimum over ``--repeats`` runs after a compile run; the paths of
+a case are interleaved (each repeat runs every path once), so they share the load.
 """
 
 from __future__ import annotations
@@ -134,6 +147,8 @@ def library_source(path, table):
         est = table
     elif path == "exact-full":
         est = table.replace(prune=0)
+    elif path == "exact-pruned":
+        est = table.replace(prune=8)
     elif path == "nn-jax":
         est = NeighbourScore.create(table, k=K, l=L)
     else:
@@ -168,6 +183,9 @@ class Recorder(struct.PyTreeNode):
     @property
     def data_shape(self):
         return self.table.data_shape
+
+    def expected_data_shape(self):
+        return self.table.expected_data_shape()
 
     def posterior_mean(self, y, ve_sigma, keys=None):
         jax.debug.callback(lambda q: self.store.items.append(np.asarray(q)), y, ordered=True)
@@ -242,18 +260,31 @@ def ivf_recall_sweep(table, flat_q, exact_idx) -> dict:
     }
 
 
-def run_case(kind, n, d, paths, repeats, baseline_max_n, slow_max_n, peak, log, sweep=False):
+def run_case(
+    kind, n, d, paths, repeats, baseline_max_n, slow_max_n, peak, log, sweep=False, lean=False
+):
     train = data(kind, n, d)
     table = EmpiricalScore.create(RectifiedFlow(), train, chunk=4096)
     key = jax.random.key(0)
-    queries = sampler_queries(table, key)  # [steps, B, M, d]
-    flat_q = jnp.asarray(queries.reshape(-1, d), jnp.float32)
+    if not lean:
+        queries = sampler_queries(table, key)  # [steps, B, M, d]
+        flat_q = jnp.asarray(queries.reshape(-1, d), jnp.float32)
     rows, exact_x = [], None
+    paths = [p for p in paths if n <= slow_max_n or p.split(":")[0] not in ("nn-flat", "nn-hnsw")]
+    srcs = {p: library_source(p, table) for p in paths}
+    run = {
+        p: (lambda s=s: np.asarray(cfdm_sample(s, key, B, T=T, S=S)[0]))
+        for p, (s, _) in srcs.items()
+    }
+    outs = {p: f() for p, f in run.items()}  # compile each
+    times = {p: [] for p in paths}
+    for _ in range(repeats):  # interleaved: the paths share each stretch of the machine's load
+        for p, f in run.items():
+            t0 = time.perf_counter()
+            f()
+            times[p].append(time.perf_counter() - t0)
     for path in paths:
-        if n > slow_max_n and path.split(":")[0] in ("nn-flat", "nn-hnsw"):
-            continue
-        src, est = library_source(path, table)
-        t, x = best_time(lambda src=src: np.asarray(cfdm_sample(src, key, B, T=T, S=S)[0]), repeats)
+        est, t, x = srcs[path][1], min(times[path]), outs[path]
         flops = STEPS * M * (2 if path.startswith("exact") else 1) * 2 * B * n * d
         if path == "exact":
             exact_x = x
@@ -264,18 +295,19 @@ def run_case(kind, n, d, paths, repeats, baseline_max_n, slow_max_n, peak, log, 
             "path": path,
             "samples_per_s": B / t,
             "gflops": flops / t / 1e9
-            if path in ("exact", "exact-full", "nn-jax", "nn-flat")
+            if path in ("exact", "exact-full", "exact-pruned", "nn-jax", "nn-flat")
             else None,
+            "load": os.getloadavg()[0],
             # samples/s over the two-matmul limit at the run's measured peak
             "of_limit": (B / t) / (peak * 1e9 / (STEPS * M * 2 * 2 * n * d)),
             "dist_to_exact": mean_paired_distance(x, exact_x) if exact_x is not None else None,
             "recall_at_k": None,
         }
-        if path.startswith(("nn-ivf", "nn-hnsw")):  # on the sampler's own queries
+        if path.startswith(("nn-ivf", "nn-hnsw")) and not lean:  # on the sampler's queries
             row["recall_at_k"] = recall_at_k(
                 np.asarray(est.search(flat_q)), np.asarray(top_k_neighbours(table, flat_q, K))
             )
-        if path == "exact":
+        if path == "exact" and not lean:
             row.update(reuse_stats(table, queries, 4 * K))
             if sweep:
                 row.update(
@@ -340,6 +372,11 @@ def main():
         action="store_true",
         help="the fewest IVF cells probed for recall@k >= 0.99 on the sampler's queries",
     )
+    ap.add_argument(
+        "--lean",
+        action="store_true",
+        help="time only: no recorded queries, recall, reuse or IVF sweep (crossover runs)",
+    )
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     a = ap.parse_args()
     peak = matmul_peak(a.repeats)
@@ -370,6 +407,7 @@ def main():
                     peak,
                     log=lambda r: print(json.dumps(r), flush=True),
                     sweep=a.ivf_sweep,
+                    lean=a.lean,
                 )
     print(
         f"\n| data | d | N | path | samples/s | GFLOP/s (peak {peak:.0f}) | of 2-matmul limit "

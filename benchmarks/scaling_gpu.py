@@ -1,18 +1,34 @@
-"""The GPU benchmark, prepared for a machine with NVIDIA GPUs (not yet run: no GPU so far).
+"""The one-command GPU benchmark (``make bench-gpu``): the CIFAR-10 presets on one accelerator.
 
-On every local GPU together (data-parallel, ``scorelib.parallel``):
+On one GPU (``CUDA_VISIBLE_DEVICES=0`` unless set), with synthetic 32x32x3 images (uniform
+uint8 in a temporary ``.npz``: no data set is needed, a step costs the same):
 
-1. train steps/s and peak memory of the digits EDM (``MLP(data_shape=(8, 8, 1)`` as the
-   CPU default: width 512, depth 4, batch 256) and of a CIFAR-10-shaped U-Net
-   (``UNet(data_shape=(32, 32, 3), channels=128, channel_mult=[2, 2, 2],
-   attn_resolutions=[16])``, batch 128) on synthetic data (uniform in [-1, 1]: no data set
-   is needed; the step costs the same);
-2. ``benchmarks/samplers.py``: each sampler's time per NFE over one denoiser forward.
+1. **train**: steps/s and images/s of the CIFAR-10 EDM U-Net recipe (``docs/clusters.md``,
+   "CIFAR-10 recipes": ``experiment=mnist_edm`` with ``data=npz model.channels=128
+   model.channel_mult=[2,2,2] model.attn_resolutions=[16]``; batch 128), the fastest of
+   ``--repeats`` blocks of ``--train-steps`` steps after a compile block;
+2. **sample**: samples/s of the run's sampler (EDM Heun, 18 steps, NFE 35) on that U-Net at
+   batch ``--sample-batch``, the fastest of ``--repeats`` calls after a compile call;
+3. **distill**: steps/s of the ``experiment=fdistill_cifar10`` preset (one-step forward-KL
+   student, fake score and discriminator heads on the teacher U-Net's features; the
+   teacher is the U-Net of 1, saved after one step) at batch ``--distill-batch`` (the
+   preset's 2048 is the global batch of 8 GPUs), timed over whole cycles of
+   ``distill.student_every`` steps (one student, the rest critic steps);
 
-    make install-cuda
-    .venv/bin/python benchmarks/scaling_gpu.py [--steps 100] [--repeats 3]
+each with the device's peak memory after it (``memory_stats()["peak_bytes_in_use"]``, a
+running peak). Printed as a markdown table with the device, jax version, revision and
+wall time. The defaults are sized to finish within 8 minutes on one recent GPU (bounded
+steps and repeats; most of the time should be XLA compiling the three programs); not yet
+run on a GPU.
 
-Stops with a message when JAX sees no GPU (a CPU-only jaxlib: run ``make install-cuda``).
+    make install-cuda && make bench-gpu        # = .venv/bin/python benchmarks/scaling_gpu.py
+    .venv/bin/python benchmarks/scaling_gpu.py [--train-steps 50] [--sample-batch 2048]
+        [--distill-batch 256] [--distill-cycles 4] [--repeats 3]
+    .venv/bin/python benchmarks/scaling_gpu.py --cpu-smoke    # every path, tiny, on CPU
+
+Without a GPU it stops with a one-line message (a CPU-only jaxlib: ``make install-cuda``).
+``--cpu-smoke`` runs every path at tiny sizes (a U-Net of 8 channels, batch 8, one
+repeat) on whatever JAX sees, to check the script end to end; its figures mean nothing.
 Record the output in BENCHMARKS.md with the GPU model, the driver and the command.
 """
 
@@ -20,72 +36,215 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 import jax
 import numpy as np
-from flax import nnx
-from train_timing import best_block_seconds, edm_train_step
+from hydra import compose, initialize_config_dir
+from train_timing import best_block_seconds
 
-from scorelib import parallel
-from scorelib.data import get_batch
-from scorelib.nets import MLP, UNet
-from scorelib.training import init_state, make_optimizer
+from experiments.runs import DistillRun, ScoreRun, train_run
+from experiments.schema import register_configs
 
-CONFIGS = {
-    "digits MLP 512x4, batch 256": (
-        (8, 8, 1),
-        256,
-        lambda shape: MLP(shape, width=512, depth=4, rngs=nnx.Rngs(0)),
-    ),
-    "CIFAR-10-shaped U-Net 128 [2,2,2] attn 16, batch 128": (
-        (32, 32, 3),
-        128,
-        lambda shape: UNet(
-            shape, channels=128, channel_mult=[2, 2, 2], attn_resolutions=[16], rngs=nnx.Rngs(0)
-        ),
-    ),
-}
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+# The CIFAR-10 EDM U-Net recipe (docs/clusters.md) and the fdistill preset.
+TEACHER = [
+    "experiment=mnist_edm",
+    "name=cifar10_edm",
+    "data=npz",
+    "model.channels=128",
+    "model.channel_mult=[2,2,2]",
+    "model.attn_resolutions=[16]",
+]
+DISTILL = ["experiment=fdistill_cifar10"]
+# --cpu-smoke: the sizes of tests/slurm's tiny CIFAR-shaped teacher and distillation.
+SMOKE_TEACHER = [
+    "model.channels=8",
+    "model.channel_mult=[1,2,2]",
+    "model.num_res_blocks=1",
+    "model.emb_dim=16",
+    "model.attn_resolutions=[]",
+    "trainer.batch_size=8",
+]
+SMOKE_DISTILL = ["distill.disc_width=8"]
 
 
-def bench_train(name, shape, batch, make, steps, repeats) -> str:
-    mesh = parallel.make_mesh()
-    parallel.check_batch_size(batch, mesh, "batch")
-    opt = make_optimizer(lr=1e-4)
-    graphdef, state = init_state(make(shape), opt, seed=0)
-    state = parallel.shard(state, mesh)
-    data = np.random.default_rng(0).uniform(-1, 1, (50_000, *shape)).astype(np.float32)
-    data = parallel.shard(data, mesh)
-    batch_fn = lambda i: get_batch(data, batch, seed=0, step=i)
-    step = edm_train_step(graphdef, opt, batch_fn, batch, 0.9999, mesh)
-    _, best = best_block_seconds(step, state, steps, repeats)
+def peak_gib() -> float | None:
+    """The first device's running peak of memory in use, GiB (None where not reported)."""
     stats = jax.local_devices()[0].memory_stats() or {}
-    peak = stats.get("peak_bytes_in_use", float("nan")) / 2**30
-    return (
-        f"| {name} | {jax.device_count()} | {steps / best:.1f} | "
-        f"{steps * batch / best:.0f} | {peak:.2f} |"
-    )
+    peak = stats.get("peak_bytes_in_use")
+    return None if peak is None else peak / 2**30
 
 
-def main() -> None:
+def revision() -> str:
+    here = Path(__file__).resolve().parent
+    git = lambda *c: subprocess.run(  # noqa: E731
+        ["git", *c], cwd=here, capture_output=True, text=True
+    ).stdout.strip()
+    rev = git("rev-parse", "--short", "HEAD") or "unknown"
+    return rev + (" (dirty)" if git("status", "--porcelain") else "")
+
+
+def bench_train(over: list[str], run_dir: Path, steps: int, repeats: int) -> tuple[dict, object]:
+    """Train steps/s of the U-Net run of ``over``; the run is saved in ``run_dir`` after
+    its first step (the distillation's teacher). Returns ``(row, (run, state))``."""
+    cfg = compose("train", overrides=[*over, "trainer.steps=1", "trainer.log_every=1"])
+    t0 = time.perf_counter()
+    run, state = train_run(ScoreRun, cfg, run_dir, progress=False, tensorboard=False)
+    compile_s = time.perf_counter() - t0
+    state, best = best_block_seconds(run.step_fn, state, steps, repeats)  # donates its input
+    batch = cfg.trainer.batch_size
+    params = sum(x.size for x in jax.tree.leaves(state.params))
+    row = {
+        "what": f"train: EDM U-Net {cfg.model.channels} ch {list(cfg.model.channel_mult)}, "
+        f"{params / 1e6:.1f}M params, batch {batch}",
+        "rate": f"{steps / best:.2f} steps/s ({steps * batch / best:.0f} images/s)",
+        "first_s": compile_s,
+        "peak": peak_gib(),
+    }
+    return row, (run, state)
+
+
+def bench_sample(run, state, batch: int, repeats: int) -> dict:
+    """Samples/s of the run's sampler (Heun-18 for the preset) at ``batch``."""
+    source, shape = run.source(state.ema_params), run.data.data_shape
+    key = jax.random.key(0)
+
+    def draw():
+        x, info = run.sampling(source, key, (batch, *shape))
+        return jax.block_until_ready(x), info
+
+    t0 = time.perf_counter()
+    _, info = draw()
+    first = time.perf_counter() - t0
+    best = np.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        draw()
+        best = min(best, time.perf_counter() - t0)
+    return {
+        "what": f"sample: {run.sampling.name} {run.sampling.record.get('steps')} steps "
+        f"(NFE {info.get('nfe')}), batch {batch}",
+        "rate": f"{batch / best:.1f} samples/s",
+        "first_s": first,
+        "peak": peak_gib(),
+    }
+
+
+def bench_distill(over: list[str], cycles: int, repeats: int) -> dict:
+    """Steps/s of the distillation of ``over`` over ``cycles`` whole student/critic cycles."""
+    cfg = compose("distill", overrides=over)
+    run = DistillRun.build(cfg)
+    step, state = run.step_fn, run.state
+    every = int(cfg.distill.student_every)
+    t0 = time.perf_counter()
+    for i in range(every):  # compiles the student and the critic branch
+        state, m = step(state, i)
+    jax.block_until_ready(state)
+    first = time.perf_counter() - t0
+    n, best, i = cycles * every, np.inf, every
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            state, m = step(state, i)
+            i += 1
+        jax.block_until_ready(state)
+        best = min(best, time.perf_counter() - t0)
+    loss = {k: float(v) for k, v in m.items() if np.ndim(v) == 0}
+    if not all(np.isfinite(v) for v in loss.values()):
+        raise FloatingPointError(f"non-finite distillation metrics: {loss}")
+    batch = cfg.trainer.batch_size
+    return {
+        "what": f"distill: fdistill_cifar10 ({cfg.distill.divergence}, disc_width "
+        f"{cfg.distill.disc_width}, student every {every}), batch {batch}",
+        "rate": f"{n / best:.2f} steps/s ({n * batch / best:.0f} images/s)",
+        "first_s": first,
+        "peak": peak_gib(),
+    }
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--train-steps", type=int, default=50, help="steps per timed block")
+    p.add_argument("--sample-batch", type=int, default=2048)
+    p.add_argument("--distill-batch", type=int, default=256)
+    p.add_argument("--distill-cycles", type=int, default=4, help="student/critic cycles timed")
     p.add_argument("--repeats", type=int, default=3)
-    args = p.parse_args()
-    if jax.default_backend() != "gpu":
-        sys.exit(f"JAX sees no GPU (backend {jax.default_backend()}): run make install-cuda")
-    print(f"# {jax.devices()[0].device_kind} x {jax.device_count()}, jax {jax.__version__}")
-    print("| model | GPUs | train steps/s | images/s | peak GiB (GPU 0) |")
-    print("|---|---|---|---|---|")
-    for name, (shape, batch, make) in CONFIGS.items():
-        print(bench_train(name, shape, batch, make, args.steps, args.repeats), flush=True)
-    here = os.path.dirname(os.path.abspath(__file__))
-    print("\n# benchmarks/samplers.py (time per NFE / one denoiser forward)", flush=True)
-    subprocess.run(
-        [sys.executable, os.path.join(here, "samplers.py"), "--batches", "256", "16384"],
-        check=True,
+    p.add_argument(
+        "--cpu-smoke", action="store_true", help="every path at tiny sizes on any backend"
     )
+    a = p.parse_args(argv)
+    for name in ("train_steps", "sample_batch", "distill_batch", "distill_cycles", "repeats"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(a, name)}")
+    if a.cpu_smoke:
+        a.train_steps, a.sample_batch, a.distill_batch = 2, 8, 8
+        a.distill_cycles, a.repeats = 1, 1
+    return a
+
+
+def refusal(backend: str, smoke: bool) -> str | None:
+    """The one-line message that stops a real run on a machine without a GPU, or None."""
+    if backend == "gpu" or smoke:
+        return None
+    return (
+        f"scaling_gpu.py: JAX sees no GPU (backend {backend}); run make install-cuda on a GPU "
+        "machine, or --cpu-smoke to check the script at tiny sizes"
+    )
+
+
+def main(argv=None) -> None:
+    a = parse_args(argv)
+    # one accelerator: the first GPU unless the caller chose (read when JAX starts its
+    # backends, at jax.default_backend() below; nothing imported above has started them)
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")
+    msg = refusal(jax.default_backend(), a.cpu_smoke)
+    if msg:
+        sys.exit(msg)
+    register_configs()
+    t_all = time.perf_counter()
+    dev = jax.local_devices()[0]
+    print(
+        f"# {dev.device_kind} ({dev.platform}, 1 of {jax.device_count()} devices), "
+        f"jax {jax.__version__}, revision {revision()}, {platform.node()}"
+        + (", --cpu-smoke (tiny sizes: the figures mean nothing)" if a.cpu_smoke else ""),
+        flush=True,
+    )
+    rows = []
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        initialize_config_dir(config_dir=str(CONFIGS), version_base=None),
+    ):
+        data = Path(tmp) / "cifar10.npz"  # the layout data=npz reads (docs/clusters.md)
+        rng = np.random.default_rng(0)
+        np.savez(data, images=rng.integers(0, 256, (1024, 32, 32, 3), dtype=np.uint8))
+        teacher = [*TEACHER, f"data.path={data}", *(SMOKE_TEACHER if a.cpu_smoke else [])]
+        row, (run, state) = bench_train(teacher, Path(tmp) / "teacher", a.train_steps, a.repeats)
+        rows.append(row)
+        print(row, flush=True)
+        rows.append(bench_sample(run, state, a.sample_batch, a.repeats))
+        print(rows[-1], flush=True)
+        del run, state
+        over = [
+            *DISTILL,
+            f"teacher.run_dir={Path(tmp) / 'teacher'}",
+            f"trainer.batch_size={a.distill_batch}",
+            *(SMOKE_DISTILL if a.cpu_smoke else []),
+        ]
+        rows.append(bench_distill(over, a.distill_cycles, a.repeats))
+        print(rows[-1], flush=True)
+    print("\n| benchmark | rate | first call (compile) s | peak GiB (device 0, running) |")
+    print("|---|---|---|---|")
+    for r in rows:
+        peak = "n/a" if r["peak"] is None else f"{r['peak']:.2f}"
+        print(f"| {r['what']} | {r['rate']} | {r['first_s']:.0f} | {peak} |")
+    print(f"\ntotal wall time {time.perf_counter() - t_all:.0f} s; load {os.getloadavg()}")
 
 
 if __name__ == "__main__":

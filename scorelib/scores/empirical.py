@@ -34,6 +34,12 @@ bound puts every other point below ``e^-30 / n`` of the largest weight, for ever
 the call, the pruned answer is the exact one to float32 and is returned; otherwise the
 full streamed softmax runs (one ``lax.cond`` per call). The answer never depends on which
 branch ran beyond float32 rounding.
+
+Whether to try the pruned pass is a speed choice: in few dimensions the points within the
+softmax's width of a query are many, the certificate fails and the pruned scan is wasted
+before the full pass, while the matmul it would save is cheap. ``prune="auto"`` (the
+default) runs it from :data:`AUTO_PRUNE_MIN_DIM` dimensions on, the crossover measured
+with ``benchmarks/closed_form.py`` (BENCHMARKS.md, "Closed-form diffusion").
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from scorelib._checks import array_shape, check_array, check_int, check_real_dtype
+from scorelib._checks import array_shape, check_array, check_int, check_real_dtype, require
 from scorelib.processes.base import Process, broadcast_to_data
 from scorelib.scores.base import ScoreSource, check_query, flatten
 
@@ -183,6 +189,28 @@ def full_softmax_stats(table, y, inv2s2):
 # Pruned points may carry at most e^-CERT_MARGIN of the largest weight, all n together.
 CERT_MARGIN = 30.0
 
+#: ``prune="auto"``: the sub-blocks kept by the pruned pass, and the fewest dimensions
+#: ``d`` (of a flattened point) from which it runs; below, the streamed softmax alone.
+#: Measured crossover of the sigma-CFDM sampler's samples/s, pruned against streamed,
+#: on isotropic Gaussian data (BENCHMARKS.md, "Closed-form diffusion": N = 10^4 and 10^5,
+#: d = 2 .. 64).
+AUTO_PRUNE = 8
+AUTO_PRUNE_MIN_DIM = 8
+
+
+def resolve_prune(prune, d: int) -> int:
+    """The sub-blocks of the pruned pass for ``prune`` (an int >= 0 or ``"auto"``) and
+    points of ``d`` dimensions: ``"auto"`` is :data:`AUTO_PRUNE` from
+    :data:`AUTO_PRUNE_MIN_DIM` dimensions on, else 0 (the streamed softmax alone).
+
+    Raises:
+      ValueError: naming ``prune`` unless it is ``"auto"`` or an integer >= 0.
+    """
+    if isinstance(prune, str):
+        require(prune == "auto", "prune", '"auto" or an integer >= 0', prune)
+        return AUTO_PRUNE if d >= AUTO_PRUNE_MIN_DIM else 0
+    return check_int(prune, "prune", low=0)
+
 
 def matmul_error_bound(y, max_sq_norm):
     """``[b]`` bound on ``|g - g_exact|`` for the matmul logits of :func:`scan_blocks`.
@@ -316,12 +344,20 @@ def softmax_stats(table, y, inv2s2):
     full = lambda: full_softmax_stats(table, y, inv2s2)  # noqa: E731
     if table.prune == 0:
         return full()
+    b, d = y.shape
 
     def pruned():
         stats, certified = pruned_softmax_stats(table, y, inv2s2, table.prune)
-        return jax.lax.cond(jnp.all(certified), lambda: stats, full)
+        return stats, jnp.all(certified)
 
-    return jax.lax.cond(jnp.all(may_certify(table, y, inv2s2)), pruned, full)
+    def skipped():  # placeholders, never returned: the full pass replaces them
+        zeros = jnp.zeros((b,), y.dtype)
+        return (zeros, zeros, jnp.zeros((b, d), y.dtype)), jnp.array(False)
+
+    # one conditional per pass, the full pass in one branch only (it was compiled twice
+    # when it was also the fallback inside the pruned branch)
+    stats, ok = jax.lax.cond(jnp.all(may_certify(table, y, inv2s2)), pruned, skipped)
+    return jax.lax.cond(ok, lambda: stats, full)
 
 
 class EmpiricalScore(ScoreSource):
@@ -336,7 +372,7 @@ class EmpiricalScore(ScoreSource):
       chunk: training points per step of the online softmax (static).
       exact_top: sub-blocks per query and chunk recomputed from differences (static).
       prune: sub-blocks per query kept by the certified pruned pass (static; 0: always
-        the full streamed softmax).
+        the full streamed softmax; :meth:`create` resolves ``"auto"`` to an int).
       centre, radius: ``[d]`` the training points' mean and ``[]`` their largest distance
         from it (:func:`may_certify`).
     """
@@ -387,7 +423,13 @@ class EmpiricalScore(ScoreSource):
 
     @classmethod
     def create(
-        cls, process: Process, data, *, chunk: int = 4096, exact_top: int = 2, prune: int = 8
+        cls,
+        process: Process,
+        data,
+        *,
+        chunk: int = 4096,
+        exact_top: int = 2,
+        prune: int | str = "auto",
     ) -> EmpiricalScore:
         """Build from ``data: [n, *data_shape]`` (data units, ``n >= 1``).
 
@@ -399,7 +441,9 @@ class EmpiricalScore(ScoreSource):
           exact_top: the sub-blocks (up to 16 points each) with the largest logits of each
             query in each chunk recomputed from differences (>= 1; module docstring).
           prune: sub-blocks per query of the certified pruned pass (>= 0; 0 turns it
-            off; module docstring). The answer is the same either way (to float32).
+            off; module docstring), or ``"auto"``: :data:`AUTO_PRUNE` for points of at
+            least :data:`AUTO_PRUNE_MIN_DIM` dimensions, else 0 (:func:`resolve_prune`,
+            the measured crossover). The answer is the same either way (to float32).
 
         Raises:
           ValueError: for empty, non-finite or non-real (complex, bool) data or a bad
@@ -413,7 +457,7 @@ class EmpiricalScore(ScoreSource):
             raise ValueError("data must be finite")
         check_int(chunk, "chunk", low=1)
         check_int(exact_top, "exact_top", low=1)
-        check_int(prune, "prune", low=0)
+        prune = resolve_prune(prune, int(np.prod(x.shape[1:])))
         n = x.shape[0]
         chunk = int(min(chunk, n))
         n_pad = -(-n // chunk) * chunk
@@ -430,7 +474,7 @@ class EmpiricalScore(ScoreSource):
             data_shape=tuple(x.shape[1:]),
             chunk=chunk,
             exact_top=int(exact_top),
-            prune=int(prune),
+            prune=prune,
             centre=jnp.asarray(centre, dtype),
             radius=jnp.asarray(np.sqrt(np.max(np.sum((flat[:n] - centre) ** 2, axis=1))), dtype),
         )

@@ -146,7 +146,13 @@ def test_per_example_time_and_jit():
 
 @pytest.mark.parametrize(
     "field,kwargs",
-    [("chunk", {"chunk": 0}), ("exact_top", {"exact_top": 0}), ("prune", {"prune": -1})],
+    [
+        ("chunk", {"chunk": 0}),
+        ("exact_top", {"exact_top": 0}),
+        ("prune", {"prune": -1}),
+        ("prune", {"prune": "always"}),
+        ("prune", {"prune": 2.0}),
+    ],
 )
 def test_bad_options_name_the_field(field, kwargs):
     with pytest.raises(ValueError, match=field):

@@ -14,6 +14,8 @@ from scorelib.processes import EDM
 from scorelib.processes.rectified import RectifiedFlow
 from scorelib.scores import EmpiricalScore
 from scorelib.scores.empirical import (
+    AUTO_PRUNE,
+    AUTO_PRUNE_MIN_DIM,
     full_softmax_stats,
     matmul_error_bound,
     may_certify,
@@ -149,3 +151,14 @@ def test_the_cfdm_regime_is_pruned():
         assert bool(np.all(np.asarray(ok)))
         full = mean_of(full_softmax_stats(tab, yj, 0.5 / s**2))
         np.testing.assert_allclose(mean_of(softmax_stats(tab, yj, 0.5 / s**2)), full, atol=1e-6)
+
+
+def test_prune_auto_resolves_by_the_flattened_dimension():
+    """``prune="auto"`` (the default) prunes from AUTO_PRUNE_MIN_DIM dimensions of a
+    flattened point on and streams below; an explicit setting is kept as given."""
+    low, high = AUTO_PRUNE_MIN_DIM - 1, AUTO_PRUNE_MIN_DIM
+    assert EmpiricalScore.create(EDM(), np.zeros((3, low))).prune == 0
+    assert EmpiricalScore.create(EDM(), np.zeros((3, high))).prune == AUTO_PRUNE > 0
+    assert EmpiricalScore.create(EDM(), np.zeros((3, 2, high // 2 + 1))).prune == AUTO_PRUNE
+    assert EmpiricalScore.create(EDM(), np.zeros((3, 2)), prune=5).prune == 5
+    assert EmpiricalScore.create(EDM(), np.zeros((3, high)), prune=0).prune == 0
