@@ -243,7 +243,7 @@ def sample_batch(src, tmodel, fwd, grid, batch, repeats, kd) -> list[dict]:
     ]:
         xj = np.asarray(jf(src, jax.random.key(0), shape, grid=grid, x_T=x_t)[0])
         with torch.no_grad():
-            xk = kf(tmodel, torch.from_numpy(np.asarray(x_t)), sig_t, disable=True).numpy()
+            xk = kf(tmodel, torch.from_numpy(np.array(x_t)), sig_t, disable=True).numpy()
         agree[name] = float(np.abs(xj - xk).max())
     # timing: scorelib draws x_T inside its call; k-diffusion's start is drawn in the call
     key = jax.random.key(0)
@@ -572,29 +572,31 @@ def main() -> None:
         print(
             "| batch | sampler | NFE | us/sample scorelib | us/sample k-diffusion | ratio | "
             "forward ms scorelib / torch (ratio) | per NFE / forward: scorelib, k-diffusion | "
-            "GFLOP/s scorelib, k-diffusion | of jax peak | load |"
+            "GFLOP/s scorelib, k-diffusion | of peak: jax, torch | load |"
         )
-        print("|---:|---|---:|---:|---:|---:|---|---|---|---:|---|")
+        print("|---:|---|---:|---:|---:|---:|---|---|---|---|---|")
         for r in out["sample"]:
             print(
                 f"| {r['batch']} | {r['sampler']} | {r['nfe']} | {r['us_per_sample']:.2f} | "
                 f"{r['k_us_per_sample']:.2f} | **{r['ratio']:.3f}** | {r['fwd_ms']:.3f} / "
                 f"{r['k_fwd_ms']:.3f} ({r['fwd_ratio']:.3f}) | {r['per_nfe_over_fwd']:.3f}, "
                 f"{r['k_per_nfe_over_fwd']:.3f} | {r['gflops']:.0f}, {r['k_gflops']:.0f} | "
-                f"{r['gflops'] / pj:.2f} | {r['load'][0]:.1f}-{r['load'][1]:.1f} |"
+                f"{r['gflops'] / pj:.2f}, {r['gflops'] / pt:.2f} | "
+                f"{r['load'][0]:.1f}-{r['load'][1]:.1f} |"
             )
     if "train" in out:
         print(
             "\n| network | batch | steps/s scorelib | steps/s torch | time ratio | "
-            "GFLOP/step (XLA's count) | GFLOP/s scorelib, torch | of jax peak | load |"
+            "GFLOP/step (XLA's count) | GFLOP/s scorelib, torch | of peak: jax, torch | load |"
         )
-        print("|---|---:|---:|---:|---:|---|---|---:|---|")
+        print("|---|---:|---:|---:|---:|---|---|---|---|")
         for r in out["train"]:
             print(
                 f"| {r['network']} | {r['batch']} | {r['steps_per_s']:.1f} | "
                 f"{r['torch_steps_per_s']:.1f} | **{r['ratio']:.3f}** | "
                 f"{r['gflop_per_step']:.3f} ({r['xla_gflop_per_step']:.3f}) | "
-                f"{r['gflops']:.0f}, {r['torch_gflops']:.0f} | {r['gflops'] / pj:.2f} | "
+                f"{r['gflops']:.0f}, {r['torch_gflops']:.0f} | {r['gflops'] / pj:.2f}, "
+                f"{r['gflops'] / pt:.2f} | "
                 f"{r['load'][0]:.1f}-{r['load'][1]:.1f} |"
             )
     if args.json:
