@@ -57,12 +57,14 @@ import subprocess
 import sys
 import time
 import types
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 from flax import nnx
+from omegaconf import OmegaConf
 from train_timing import edm_train_step
 
 from scorelib.data import get_batch, load_digits
@@ -74,6 +76,7 @@ from scorelib.scores import NetworkScore
 from scorelib.training import init_state, make_optimizer
 
 D, WIDTH, DEPTH, EMB, SIGMA_DATA, STEPS = 64, 256, 4, 64, 0.5, 18
+MAIN_JOB_MODEL = Path(__file__).parents[1] / "configs" / "model" / "local_digits.yaml"
 TOL = 1e-4  # max |D_jax - D_torch| on the same inputs (float32 sums in another order)
 
 
@@ -123,6 +126,10 @@ class TorchEDMMLP(torch.nn.Module):
 
     def __init__(self, model: MLP, sigma_data: float):
         super().__init__()
+        if getattr(model, "norms", None) is not None or getattr(model, "skip_scale", None):
+            raise ValueError("TorchEDMMLP copies an MLP with norm='none' and skip='none'")
+        if not hasattr(model.embed, "freqs"):
+            raise ValueError("TorchEDMMLP copies an MLP with the Fourier embedding")
         self.sigma_data = sigma_data
 
         def linear(layer):
@@ -416,6 +423,23 @@ def torch_train_step(tmodel, data, batch, p_mean=-1.2, p_std=1.2, ema_decay=0.99
     return step
 
 
+def check_same_denoiser(model, tmodel, x0) -> None:
+    """Stop unless scorelib's and the torch module's EDM denoisers agree to ``TOL`` on
+    ``x0`` noised at noise levels spread over 0.02 to 20 (both parts of a ``LocalMLP``)."""
+    g, params = nnx.split(model, nnx.Param)
+    src = NetworkScore(process=EDM(), graphdef=g, params=params, sigma_data=SIGMA_DATA)
+    rng = np.random.default_rng(2)
+    sigma = np.exp(rng.uniform(np.log(0.02), np.log(20.0), len(x0))).astype(np.float32)
+    x = x0 + sigma.reshape((-1,) + (1,) * (x0.ndim - 1)) * rng.normal(size=x0.shape)
+    x = x.astype(np.float32)
+    dj = np.asarray(jax.jit(lambda s, x, t: s.denoiser(x, t))(src, x, sigma))
+    with torch.no_grad():
+        dt = tmodel(torch.from_numpy(x), torch.from_numpy(sigma)).numpy()
+    err = float(np.abs(dj - dt).max())
+    if not err <= TOL:
+        raise SystemExit(f"denoisers differ: max |dD| {err:.2e} ({type(model).__name__})")
+
+
 def bench_train(name, model, data, batch, matmuls, steps, repeats, tmodel) -> dict:
     opt = make_optimizer(lr=1e-3, warmup_steps=200, grad_clip=1.0)
     graphdef, state = init_state(model, opt, seed=0)
@@ -423,6 +447,7 @@ def bench_train(name, model, data, batch, matmuls, steps, repeats, tmodel) -> di
     batch_fn = lambda i: get_batch(data_j, batch, seed=0, step=i)
     step = edm_train_step(graphdef, opt, batch_fn, batch, 0.999)
     xla = xla_flops(step, state)
+    check_same_denoiser(model, tmodel, np.asarray(data[:batch]))
     tstep = torch_train_step(tmodel, data, batch)
     box = {"state": state}
 
@@ -468,18 +493,14 @@ def train_jobs(batch):
     data = np.random.default_rng(0).normal(0, SIGMA_DATA, (10_000, D)).astype(np.float32)
     digits = load_digits().train
     shape = digits.shape[1:]
-    local = LocalMLP(
-        shape,
-        sigma_local=0.25,
-        radius=2,
-        local_width=32,
-        local_depth=3,
-        width=256,
-        depth=3,
-        emb_dim=EMB,
-        rngs=nnx.Rngs(0),
-    )
+    cfg = OmegaConf.to_container(OmegaConf.load(MAIN_JOB_MODEL))
+    cfg = {k: v for k, v in cfg.items() if k != "defaults"}
+    local = LocalMLP(shape, **cfg, rngs=nnx.Rngs(0))
     hw = shape[0] * shape[1]
+    # non-zero output layers (the same cost), so that the torch copies are checked on the
+    # network's output too (check_same_denoiser), not only on the preconditioning
+    for out in (mlp.out, local.glob.out, local.local.out):
+        out.kernel.value = 0.01 * jax.random.normal(jax.random.key(1), out.kernel.shape)
     return [
         (
             f"MLP {DEPTH}x{WIDTH}, d={D}",

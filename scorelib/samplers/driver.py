@@ -14,7 +14,10 @@ the step itself:
 * float64 scoping (``jax.enable_x64`` inside the call only) and the dtype of the grid;
 * the per-example keys and the start state (below);
 * the ``lax.scan`` over the rule's steps, between its ``init`` and ``final`` hooks;
-* ``info = {"nfe": ..., "steps": N}``, ``nfe`` a Python int from the rule's count.
+* ``info = {"nfe": ..., "steps": N}``, ``nfe`` a Python int from the rule's count;
+* on XLA:CPU, the speed settings that give the same samples: a batch larger than
+  :data:`CPU_CHUNK` runs in blocks of that many examples, and the compiled program takes
+  :data:`CPU_COMPILER_OPTIONS` (BENCHMARKS.md, "scorelib vs k-diffusion").
 
 Key scheme (relied on by tests and by anyone who reproduces a draw): example ``b`` of a
 call owns ``k_b = fold_in(key, first_index + b)`` (:func:`scorelib.keys.example_keys`).
