@@ -65,8 +65,9 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/samplers.py
 
-# The optional `bench` extra (torch CPU, torchdiffeq, torchsde) and k-diffusion without its
-# dependencies (only its sampling module is used; BENCHMARKS.md, "scorelib vs k-diffusion").
+# The optional `bench` extra (torch CPU, torchdiffeq, torchsde, safetensors) and k-diffusion
+# without its dependencies (only its sampling module is used; BENCHMARKS.md, "scorelib vs
+# k-diffusion").
 KDIFFUSION ?= k-diffusion==0.1.1.post1
 bench-install: $(STAMP)
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,bench]'
