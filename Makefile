@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
 .PHONY: install install-cuda test test-fast test-slurm slurm-up slurm-down demo bench \
-	bench-scaling bench-gpu lint clean
+	bench-install bench-kdiffusion bench-scaling bench-gpu lint clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -64,6 +64,17 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/samplers.py
+
+# The optional `bench` extra (torch CPU, torchdiffeq, torchsde, safetensors) and k-diffusion
+# without its dependencies (only its sampling module is used; BENCHMARKS.md, "scorelib vs
+# k-diffusion").
+KDIFFUSION ?= k-diffusion==0.1.1.post1
+bench-install: $(STAMP)
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,bench]'
+	$(BIN)/python -m pip install -q --no-deps '$(KDIFFUSION)'
+
+bench-kdiffusion: bench-install
+	$(BIN)/python benchmarks/vs_kdiffusion.py
 
 bench-scaling: $(STAMP)
 	$(BIN)/python benchmarks/scaling.py

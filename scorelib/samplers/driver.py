@@ -14,7 +14,10 @@ the step itself:
 * float64 scoping (``jax.enable_x64`` inside the call only) and the dtype of the grid;
 * the per-example keys and the start state (below);
 * the ``lax.scan`` over the rule's steps, between its ``init`` and ``final`` hooks;
-* ``info = {"nfe": ..., "steps": N}``, ``nfe`` a Python int from the rule's count.
+* ``info = {"nfe": ..., "steps": N}``, ``nfe`` a Python int from the rule's count;
+* on XLA:CPU, the speed settings that give the same samples: a batch larger than
+  :data:`CPU_CHUNK` runs in blocks of that many examples, and the compiled program takes
+  :data:`CPU_COMPILER_OPTIONS` (BENCHMARKS.md, "scorelib vs k-diffusion").
 
 Key scheme (relied on by tests and by anyone who reproduces a draw): example ``b`` of a
 call owns ``k_b = fold_in(key, first_index + b)`` (:func:`scorelib.keys.example_keys`).
@@ -36,6 +39,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import os
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -291,11 +295,8 @@ class StepRule:
         raise NotImplementedError
 
 
-@functools.partial(jax.jit, static_argnames=("rule", "opts", "shape", "final_zero", "unroll"))
-def _run(source, key, grid, x_T, first_index, *, rule, opts, shape, final_zero, unroll):
-    """The compiled sampler: keys, start state, ``init``, one ``lax.scan`` of ``step``,
-    ``final``. ``opts`` is a sorted tuple of ``(name, value)`` (static)."""
-    keys = example_keys(key, shape[0], first_index)
+def _sample(source, keys, grid, x_T, *, rule, opts, shape, final_zero, unroll):
+    """One batch: start state, ``init``, one ``lax.scan`` of ``step``, ``final``."""
     ctx = Context(source, grid, keys, shape, final_zero, dict(opts), unroll)
     ctx = dataclasses.replace(ctx, tables=rule.tables(ctx))
     x = initial_state(source.process, keys, grid[0], x_T, shape, grid.dtype)
@@ -307,6 +308,72 @@ def _run(source, key, grid, x_T, first_index, *, rule, opts, shape, final_zero, 
         unroll=unroll if rule.unroll_scan else 1,
     )
     return rule.final(ctx, carry)
+
+
+def _run(source, key, grid, x_T, first_index, *, rule, opts, shape, final_zero, unroll, chunk):
+    """The compiled sampler: the per-example keys, then :func:`_sample` on the whole batch,
+    or (``chunk`` set, smaller than the batch) on consecutive blocks of ``chunk`` examples
+    one after the other (``lax.map``) and the remainder. Every example owns its keys and a
+    denoiser treats examples independently, so the samples are those of one block.
+    ``opts`` is a sorted tuple of ``(name, value)`` (static)."""
+    keys = example_keys(key, shape[0], first_index)
+    kw = dict(rule=rule, opts=opts, final_zero=final_zero, unroll=unroll)
+    batch = shape[0]
+    if chunk is None or chunk >= batch:
+        return _sample(source, keys, grid, x_T, shape=shape, **kw)
+    n, rest = divmod(batch, chunk)
+    block = (chunk, *shape[1:])
+    head = n * chunk
+
+    def one(args):
+        k, x0 = args
+        return _sample(source, k, grid, x0, shape=block, **kw)
+
+    xs = None if x_T is None else x_T[:head].reshape(n, *block)
+    out = jax.lax.map(one, (keys[:head].reshape(n, chunk), xs)).reshape(head, *shape[1:])
+    if rest == 0:
+        return out
+    tail = _sample(
+        source,
+        keys[head:],
+        grid,
+        None if x_T is None else x_T[head:],
+        shape=(rest, *shape[1:]),
+        **kw,
+    )
+    return jnp.concatenate([out, tail])
+
+
+CPU_CHUNK: int | None = int(os.environ.get("SCORELIB_CPU_CHUNK", "1024")) or None
+"""On XLA:CPU, the sampler runs a batch larger than this in consecutive blocks of this many
+examples (``None``: never), so that the network's activations stay in the core's cache; the
+samples are the same (BENCHMARKS.md, "scorelib vs k-diffusion")."""
+
+CPU_COMPILER_OPTIONS: Mapping[str, Any] = {"xla_cpu_experimental_ynn_fusion_type": ""}
+"""XLA:CPU options of the compiled sampler: matmuls through Eigen instead of YNNPACK (the
+same results, faster at these shapes; BENCHMARKS.md). Left out when ``XLA_FLAGS`` sets the
+option, or when the installed jaxlib does not know it."""
+
+
+@functools.cache
+def _compiled_run(backend: str):
+    """``_run`` jit-compiled for ``backend``, with :data:`CPU_COMPILER_OPTIONS` on CPU."""
+    static = ("rule", "opts", "shape", "final_zero", "unroll", "chunk")
+    options = cpu_compiler_options() if backend == "cpu" else {}
+    return jax.jit(_run, static_argnames=static, compiler_options=options or None)
+
+
+@functools.cache
+def cpu_compiler_options() -> dict:
+    """:data:`CPU_COMPILER_OPTIONS`, less those that ``XLA_FLAGS`` sets and those the
+    installed jaxlib refuses (checked once by compiling a trivial function)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    options = {k: v for k, v in CPU_COMPILER_OPTIONS.items() if k not in flags}
+    try:
+        jax.jit(lambda a: a + 1, compiler_options=options).lower(1.0).compile()
+    except Exception:  # noqa: BLE001 - an older or newer jaxlib without the option
+        return {}
+    return options
 
 
 _SIGNATURE_HEAD = [
@@ -397,18 +464,22 @@ class Sampler:
         n, final_zero = g.shape[0] - 1, bool(g[-1] == 0)
         with x64_scope(float64):
             dtype = jnp.float64 if float64 else jnp.float32
-            x = _run(
-                source,
-                key,
-                jnp.asarray(g, dtype),
-                x_T,
-                first_index,
+            backend = jax.default_backend()
+            args = (source, key, jnp.asarray(g, dtype), x_T, first_index)
+            static = dict(
                 rule=self.rule,
                 opts=tuple(sorted(opts.items())),
                 shape=shape,
                 final_zero=final_zero,
                 unroll=unroll,
+                chunk=CPU_CHUNK if backend == "cpu" else None,
             )
+            try:
+                x = _compiled_run(backend)(*args, **static)
+            except ValueError as e:  # inside a caller's jax.jit: its compiler options apply
+                if "compiler_options" not in str(e):
+                    raise
+                x = _compiled_run("nested")(*args, **static)
         return x, {"nfe": int(self.rule.nfe(n, final_zero, opts)), "steps": n}
 
 

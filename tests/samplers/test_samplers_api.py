@@ -129,6 +129,7 @@ def no_compile(monkeypatch):
         raise AssertionError("reached the compiled core: validation came too late")
 
     monkeypatch.setattr(driver, "_run", boom)
+    monkeypatch.setattr(driver, "_compiled_run", lambda backend: boom)
 
 
 BAD_COMMON = [
@@ -308,6 +309,40 @@ def test_same_key_same_samples_and_batch_split():
         )
         # and the key matters (the prior draw, and the step noise where there is any)
         assert np.min(np.abs(np.asarray(c[name]) - np.asarray(a[name])).max(axis=1)) > 1e-3, name
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="blocks are used on XLA:CPU only")
+def test_cpu_blocks_give_the_samples_of_one_batch(monkeypatch):
+    """On CPU a batch larger than ``driver.CPU_CHUNK`` runs in blocks (``lax.map``) and a
+    remainder: every sampler gives the samples of the whole batch at once, with
+    ``first_index`` and with ``x_T`` (10 examples in blocks of 4: two blocks and 2 left)."""
+    src = G.source(PROCESSES["vp"])
+    grid = edm_grid(4)
+    key = jax.random.key(3)
+    x_T = jax.random.normal(jax.random.key(4), (10, D))
+
+    def draw():
+        return {
+            k: [
+                f(src, key, (10, D), grid=grid, first_index=3, **ALL[k])[0],
+                f(src, key, (10, D), grid=grid, x_T=x_T, **ALL[k])[0],
+            ]
+            for k, f in SAMPLERS.items()
+        }
+
+    def loops():  # the scans of one heun run: its steps, and the blocks when there are any
+        run = lambda: SAMPLERS["heun"](src, key, (10, D), grid=grid)[0]
+        return str(jax.make_jaxpr(run)()).count("scan[")
+
+    out, n_loops = {}, {}
+    for chunk in (None, 4):
+        monkeypatch.setattr(driver, "CPU_CHUNK", chunk)
+        n_loops[chunk] = loops()
+        out[chunk] = jax.jit(draw)()
+    assert n_loops == {None: 1, 4: 3}  # steps; blocks, their steps and the remainder's
+    for name in SAMPLERS:
+        for whole, blocks in zip(out[None][name], out[4][name], strict=True):
+            np.testing.assert_allclose(blocks, whole, rtol=1e-6, atol=1e-6, err_msg=name)
 
 
 def test_raw_uint32_keys_are_accepted():
