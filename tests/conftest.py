@@ -31,30 +31,8 @@ os.environ.setdefault(
 )
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 
-# The tests' own compilations, in this process, at LLVM optimisation level 0 (same HLO, same
-# HLO passes; XLA:CPU's LLVM backend optimises less): compiling is nearly all of the suite's
-# time and this halves it. Every process the tests start (the entry points, Slurm jobs,
-# multi-process runs) compiles as a user's does: XLA reads XLA_FLAGS once per process, so
-# the flag is set for this process's first compilation only and removed from the environment
-# the subprocesses inherit. SCORELIB_TEST_XLA_OPT=default compiles as users do here too.
-# A test that compares a subprocess's numbers bit for bit with this process's passes
-# SCORELIB_TEST_XLA_FLAGS (the flags of this process) to it as XLA_FLAGS.
-_USER_XLA_FLAGS = os.environ.get("XLA_FLAGS")
-os.environ["SCORELIB_TEST_XLA_FLAGS"] = (_USER_XLA_FLAGS or "") + (
-    ""
-    if os.environ.get("SCORELIB_TEST_XLA_OPT") == "default"
-    else " --xla_backend_optimization_level=0"
-)
-os.environ["XLA_FLAGS"] = os.environ["SCORELIB_TEST_XLA_FLAGS"]
-
 import jax  # noqa: E402
 import pytest  # noqa: E402
-
-jax.jit(lambda x: x + 1)(0).block_until_ready()  # XLA parses XLA_FLAGS here, once
-if _USER_XLA_FLAGS is None:
-    os.environ.pop("XLA_FLAGS", None)
-else:
-    os.environ["XLA_FLAGS"] = _USER_XLA_FLAGS
 
 _MAPS = Path("/proc/self/maps")
 _MAX_MAP_COUNT = Path("/proc/sys/vm/max_map_count")

@@ -41,9 +41,6 @@ def _env(cache_dir):
         JAX_COMPILATION_CACHE_DIR=str(cache_dir),
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
         JAX_PLATFORMS="cpu",
-        # the flags this process compiled the straight run with (tests/conftest.py): the
-        # bit-for-bit comparison is of one program, and the subprocesses load it from the cache
-        XLA_FLAGS=os.environ.get("SCORELIB_TEST_XLA_FLAGS", ""),
         # this checkout's scorelib, not whichever one is installed
         PYTHONPATH=os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")])),
     )
