@@ -73,6 +73,7 @@ def test_batch_keys_are_the_documented_fold_ins():
         batch_keys(0, seed=0, step=0)
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_dequantised_batch_is_the_batch_plus_uniform_noise_over_each_bin():
     """Each value of the dequantised batch lies in its own level's bin around the plain
     batch's value; the noise is U(-delta/2, delta/2) (mean 0 and variance delta^2 / 12

@@ -28,6 +28,7 @@ def test_six_names():
 
 
 @pytest.mark.parametrize("name", TOY_NAMES)
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_shape_dtype_determinism(name, samples):
     x = samples[name]
     assert x.shape == (N, 2) and x.dtype == np.float32 and np.all(np.isfinite(x))

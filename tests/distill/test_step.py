@@ -155,6 +155,7 @@ def test_student_and_critic_steps_move_their_own_parts_and_nan_stops():
         )
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_a_teacher_restored_on_its_device_compiles_the_step_once():
     """A teacher restored from a checkpoint is committed to its device and the fresh parts
     (discriminator, key, ratio means) are not: the state is committed whole, so the

@@ -135,6 +135,7 @@ def test_distill_from_a_trained_run(toy_run, tmp_path):
         ("sampler.num_samples=0", "error: sampler.num_samples must be"),
     ],
 )
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_bad_input_is_refused_before_compute(override, message, tmp_path):
     args = [*SMOKE, override, f"hydra.run.dir={tmp_path / 'r'}"]
     if override.startswith("teacher.run_dir"):  # no preset: no data, process, model

@@ -68,6 +68,7 @@ def test_a_distillation_sweep_is_checked_by_building_each_run(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_a_sampling_sweep_is_checked_before_any_job_draws(toy_run, tmp_path):
     """``experiments.sample`` builds each job's run with its sampler and finds its
     checkpoint before any job draws: nothing is written under the run's ``samples/``."""

@@ -66,6 +66,7 @@ def test_cache_key_covers_config():
         ClassifierConfig(dropout=1.0)
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_cache_train_reload_and_corrupt_file(tmp_path, digits, monkeypatch):
     first = FeatureExtractor.load_or_train(TINY, tmp_path, digits)
     assert not first.cached

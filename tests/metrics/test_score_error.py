@@ -122,6 +122,7 @@ def test_against_an_independent_numpy_computation_and_chunking():
     )
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_stacked_models_equal_separate_calls():
     p = EDM()
     sources = [gaussian(p, MU + 0.1 * i, (1 + 0.2 * i) * COV) for i in range(3)]

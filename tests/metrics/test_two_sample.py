@@ -59,6 +59,7 @@ def test_accuracy_is_the_out_of_fold_fraction_right():
     assert r["fold_accuracies"] == pytest.approx([np.mean(f) for f in right])
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_paired_sets_keep_each_pair_in_one_fold():
     """Two sets of one law whose examples come in near-identical pairs (two samplers from
     the same starts): split freely, the classifier predicts each test example by its
@@ -101,6 +102,7 @@ def test_same_seed_same_result():
     assert c2st(a, b, seed=7) == c2st(a, b, seed=7)
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_digits_floor_gaussian_and_quantisation(digits):
     n = digits.test.shape[0]
     rng = np.random.default_rng(0)

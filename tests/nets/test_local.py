@@ -58,6 +58,7 @@ def test_patch_mlp_output_depends_only_on_the_neighbourhood(radius):
     assert abs(out[0, 2, 2, 0] - out[0, 3, 2, 0]) > 1e-4
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_patch_mlp_zero_init_dropout_and_features():
     model = PatchMLP(
         (4, 4, 1), radius=1, width=8, depth=3, emb_dim=8, dropout=0.5, rngs=nnx.Rngs(1)
@@ -74,6 +75,7 @@ def test_patch_mlp_zero_init_dropout_and_features():
     assert [f.shape for f in feats] == [(3, 4, 4, 8)] * 3
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_local_mlp_is_the_global_mlp_above_sigma_local_and_local_below():
     """Per example: c_noise >= c_noise(sigma_local) gives the global MLP's output, below it
     the PatchMLP's (each called on its own); the loss of an example below sigma_local

@@ -167,6 +167,7 @@ def test_zero_initialised_output(tiny):
     np.testing.assert_array_equal(tiny["params"]["conv_out"]["kernel"][...], 0.0)
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_dropout_only_with_rngs(tiny):
     o = tiny["out"]
     assert np.all(np.isfinite(o["det"])) and np.std(np.asarray(o["det"])) > 1e-3

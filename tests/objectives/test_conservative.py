@@ -73,6 +73,7 @@ def _objectives(process, x_train):
     [(EDM(), None), (VP(), ("edm", "smoothed"))],  # VP: alpha != 1 in the EDM-style draws
     ids=lambda p: type(p).__name__ if not isinstance(p, tuple) else "",
 )
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_example_points_are_where_the_objective_evaluates_the_source(process, names):
     rng = np.random.default_rng(0)
     x0 = jnp.asarray(rng.normal(size=(5, 3)), jnp.float32)
@@ -208,6 +209,7 @@ def _flat(tree):
     return np.concatenate([np.ravel(np.asarray(v, np.float64)) for v in jax.tree.leaves(tree)])
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_gradient_is_the_objectives_plus_weight_times_the_closed_form_penalty():
     process = EDM()
     net = tiny_net(5, d=3, process=process)
@@ -255,6 +257,7 @@ def _exact_asymmetry(net, x, t):
     return jnp.mean(jax.vmap(one)(x))
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_training_with_the_penalty_removes_the_asymmetry_training_without_it_keeps():
     """Known-good vs known-bad at equal steps: DSM alone removes a random net's rotational part
     only slowly (the Gaussian data's score is a gradient field, so DSM does too, eventually);

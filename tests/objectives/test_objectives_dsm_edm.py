@@ -363,6 +363,7 @@ def test_edm_floor_sigma_distribution():
 
 
 @pytest.mark.parametrize("b", BATCHES)
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_edm_floor_loss_matches_per_example_loop(b):
     """The floor changes only sigma: per example, sigma is the mixture's inverse CDF of the
     example's uniform (recomputed here in float64 with scipy's ndtri), the loss EDM's

@@ -243,6 +243,7 @@ def test_losses_match_a_float64_per_example_loop(case):
             np.testing.assert_allclose(float(metrics["sure"]), ref["sure"].mean(), **tol)
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_an_examples_loss_does_not_depend_on_its_batch():
     """The first 1 and 2 examples of a batch of 7 get the losses of a batch of those alone
     (both objectives and processes of test_losses_match_a_float64_per_example_loop)."""

@@ -129,6 +129,7 @@ def test_missing_coordinator_is_a_clear_error_not_a_hang():
     assert f"process 1 of 2: process 0 (the coordinator, {address}) did not answer" in (proc.stderr)
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_missing_process_is_named_by_the_coordinator_not_an_abort():
     """Without the roll call, JAX's coordinator aborts (status 134) naming no process."""
     proc, address = _start_alone(0, timeout_s=3)

@@ -158,6 +158,7 @@ def _euler_maruyama(p, x0, key, n_steps, t0, t1):
 
 
 @pytest.mark.parametrize("p", [VP(), SubVP(beta_min=0.2, beta_max=5.0), VE()], ids=repr)
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_forward_sde_simulation_matches_alpha_sigma(p):
     """Monte-Carlo Euler-Maruyama from a fixed x0 at t=0: mean alpha(t) x0, std sigma(t)."""
     n = 40_000

@@ -98,6 +98,7 @@ DECLARED = [
 ]
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_declared_property_matches_the_behaviour():
     """``is_stochastic`` is what the sampler does: from one x_T, two keys give the same
     output exactly when the sampler declares itself deterministic. The runs of every case
@@ -238,6 +239,7 @@ NFE_CASES = [(k, True) for k in SAMPLERS] + [
 ]
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_nfe_equals_the_counted_model_calls():
     """N requested steps make exactly the documented number of calls, for each
     ``(name, final_zero)`` of ``NFE_CASES`` (each case counts on its own counter; the runs
@@ -312,6 +314,7 @@ def test_same_key_same_samples_and_batch_split():
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="blocks are used on XLA:CPU only")
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_cpu_blocks_give_the_samples_of_one_batch(monkeypatch):
     """On CPU a batch larger than ``driver.CPU_CHUNK`` runs in blocks (``lax.map``) and a
     remainder: every sampler gives the samples of the whole batch at once, with

@@ -14,6 +14,7 @@ G = Gauss(3, [0.1, 0.4, 1.5])
 
 
 @pytest.mark.parametrize("batch_size", [1, 4, 10, 64])
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_samples_do_not_depend_on_the_batch_size(batch_size):
     """Example i is fold_in(key, i): every batch size gives the one-call samples."""
     src = G.source(PROCESSES["vp"])

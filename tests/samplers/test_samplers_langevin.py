@@ -41,6 +41,7 @@ def test_start_where_the_score_is_zero_is_finite():
 
 
 @pytest.mark.parametrize("d", [3, 1])
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_pc_keeps_the_issue_gaussian_invariant(d):
     """The issue's run: 2,000 chains of N(0, 9 I) (EDM, t = 1.5, data variance 6.75),
     started at exact draws, 50 calls of pc with snr = 0.0236 and 100 corrector steps on
@@ -112,6 +113,7 @@ def test_corrector_alone_matches_a_float64_loop_with_the_documented_keys():
         np.testing.assert_allclose(np.asarray(got)[b], x, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_a_chain_does_not_depend_on_its_batch():
     g = gaussian(EDM(), 3, 2.0)
     x0 = np.asarray(jax.random.normal(jax.random.key(0), (6, 3))) * 2.0

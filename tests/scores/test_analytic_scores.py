@@ -179,6 +179,7 @@ def make_mixture(rng, k, d, spread=3.0):
 
 
 @pytest.mark.parametrize("p, data_shape", CASES, ids=repr)
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_mixture_score_equals_grad_of_convolved_log_density(p, data_shape):
     rng = np.random.default_rng(4)
     d = math.prod(data_shape)
@@ -274,6 +275,7 @@ def test_mixture_stable_far_away_and_at_tiny_sigma():
     ids=["gaussian", "mixture"],
 )
 @pytest.mark.parametrize("p", [VP(), EDM()], ids=repr)
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_scalar_and_batched_time(src_fn, p):
     rng = np.random.default_rng(8)
     src = src_fn(p, rng)

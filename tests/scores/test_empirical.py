@@ -62,6 +62,7 @@ def test_score_matches_float64_loop(p, chunk, exact_top):
 
 
 @pytest.mark.parametrize("p", PROCESSES, ids=IDS)
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_denoiser_near_a_training_point_at_sigma_1e_4_in_float32(p):
     """ve_sigma = 1e-4, queries within ~sigma of training points with large norms: the
     matmul form alone is off by ~1e-7 ||y||^2 / (2 sigma^2) ~ 1e4 in the logits."""
@@ -116,6 +117,7 @@ def test_query_equal_to_a_training_point(p):
 
 @pytest.mark.parametrize("ve_sigma", [1e-2, 1e-4])
 @pytest.mark.parametrize("p", PROCESSES, ids=IDS)
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_far_from_data_the_score_points_at_the_nearest_point(p, ve_sigma):
     """Far from every point at small noise, score = -(x - alpha x_nn) / sigma^2."""
     rng = np.random.default_rng(4)

@@ -121,6 +121,7 @@ def test_the_gate_never_rules_out_a_certifiable_query():
 
 
 @pytest.mark.parametrize("sigma", [0.01, 0.3, 3.0])
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_same_answer_with_and_without_pruning(sigma):
     """Heun-like queries at small, middle and large noise: prune=8 and prune=0 agree with
     the float64 loop (the branch taken does not change the answer)."""

@@ -65,6 +65,7 @@ def test_complement_draws_never_hit_a_neighbour_and_cover_the_rest():
     np.testing.assert_array_equal(got[1], [0, 1, 2, 3, 4, 5, 6])
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_weights_match_a_float64_brute_force_with_the_same_draws():
     """logits + log(1/N) on neighbours and log((N - k)/(l N)) on the uniform draws."""
     k, l, n, s = 4, 6, 60, 1.5
@@ -84,6 +85,7 @@ def test_weights_match_a_float64_brute_force_with_the_same_draws():
     np.testing.assert_allclose(got, np.array(ref), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_faiss_flat_equals_jax_and_approximate_indexes_report_recall():
     rng = np.random.default_rng(1)
     centres = rng.normal(size=(20, 8)) * 4

@@ -75,6 +75,7 @@ score_fn = jax.jit(lambda src, x, t: src.score(x, t))
 
 @pytest.mark.parametrize("p", [EDM(), VP(), SubVP()], ids=repr)
 @pytest.mark.parametrize("data_shape", [(3,), (4, 4, 1)])
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_zero_initialised_network_gives_c_skip_x_in_the_ve_frame(p, data_shape):
     sd = 0.7
     src, _ = make_source(p, data_shape, sigma_data=sd)

@@ -77,6 +77,7 @@ def test_gaussian_score_within_mc_error_that_falls_as_one_over_sqrt_n(estimator,
     assert 1.75 < rms[16] / rms[64] < 2.3, rms
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_ula_variance_bias_and_mala_acceptance_on_a_gaussian_posterior():
     """The posterior q_t is N(mq, vq I); with curvature = 1/S0^2 the inner step is
     h = step_size vq. ULA's stationary variance is vq / (1 - step_size / 2) (Roberts &

@@ -44,6 +44,7 @@ TRAIN = "to match the training set's points (data of shape (8, 2)); got shape"
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_training_set_sources_name_the_query_and_the_training_set(precision):
     # the inputs: EmpiricalScore.create(EDM(), np.zeros((8, 2))) queried at [3, 1]
     # and [3, 3], by denoiser and score, directly and through SmoothedScore over the exact

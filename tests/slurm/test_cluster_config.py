@@ -148,6 +148,7 @@ TINY = ["experiment=toy_dsm", "trainer.steps=3", "trainer.batch_size=16", "model
 TINY += ["sampler.steps=2", "sampler.num_samples=8"]
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_an_invalid_job_refuses_a_submitit_sweep_before_any_job_is_submitted(tmp_path):
     """The issue's input: the valid job used to run, then a 48-line UncompletedJobError."""
     proc = _local_sweep(tmp_path, "experiment=toy_dsm", "trainer.steps=200", "model.width=16,0")

@@ -167,6 +167,7 @@ def test_marginal_sample_has_the_marginal_covariance():
         pytest.param(VP(), None, id="vp-full", marks=pytest.mark.slow),
     ],
 )
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_closed_form_equals_2000_step_float64_heun(process, rank):
     """Heun with the Gaussian score converges to the closed form at second order.
 

@@ -117,6 +117,7 @@ def brute_denoiser(train, y, s):
 
 @pytest.mark.parametrize("chunk", [1, 7, 64])
 @pytest.mark.parametrize("process", [EDM(), VP()], ids=["edm", "vp"])
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_empirical_denoiser_matches_brute_force(process, chunk):
     train = data_set(23, 3, seed=4)
     src = EmpiricalScore.create(process, train, chunk=chunk)

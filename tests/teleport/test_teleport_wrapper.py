@@ -152,6 +152,7 @@ def test_heun_tail_is_exactly_the_grid_tail(k):
     assert len(LOG) == info["nfe"]
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_every_sampler_gets_the_grid_tail_and_reports_its_nfe():
     """Each sampler of ``SAMPLERS`` (behind a spy that declares no property): the tail run
     gets ``grid[k:]`` (the same floats) and a start state, and ``info`` reports the tail
@@ -283,6 +284,7 @@ def test_ode_teleport_within_discretisation_error(cases):
             assert diff <= 2.0 * e_plain, (case, k, diff, e_plain)
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_euler_maruyama_teleport_matches_the_data_law():
     """Euler-Maruyama on VP with the exact Gaussian score, 40 uniform steps, 20k samples,
     eigenvalues 1, 0.5, 0.25, 0.1. Teleporting to k = 10 or 36 (4 steps left) from the

@@ -80,6 +80,7 @@ def test_equals_separate_single_seed_runs():
                 np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_initial_states_are_not_consumed_and_stack_roundtrips():
     graphdef, opt, ema, states, objectives = setup()
     before = [np.asarray(jax.tree.leaves(s.params)[0]) for s in states]

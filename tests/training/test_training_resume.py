@@ -220,6 +220,7 @@ def test_sigkill_at_several_random_points_then_resume_is_bit_identical(
         pytest.param(signal.SIGUSR1, 138, "run", marks=pytest.mark.slow),
     ],
 )
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_signal_saves_exits_and_resume_matches(straight, cache_dir, tmp_path, signum, status, name):
     ref, _ = straight
     run_dir = tmp_path / name

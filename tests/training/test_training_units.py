@@ -283,6 +283,7 @@ def test_train_bad_arguments(kwargs, field):
         train(None, None, progress=False, **kwargs)
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_log_lines_every_log_every_steps(tmp_path, caplog):
     state, step, ckpt = toy_train.build(
         toy_train.parser().parse_args([str(tmp_path), "--num-steps", "12"])

@@ -91,6 +91,7 @@ def test_sample_is_prefix_stable_and_batch_is_deterministic():
     assert not np.array_equal(t.batch(8, seed=1, step=3), t.batch(8, seed=1, step=4))
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_fisher_scale_of_a_gaussian_is_closed_form():
     """N(m, C): E ||C^{-1}(x - m)||^2 = tr C^{-1}, so fisher_scale = sqrt(d / tr C^{-1});
     for C = s^2 I it is s = sigma_data."""
@@ -162,6 +163,7 @@ def test_manywell_normaliser_and_log_prob_against_scipy_quad():
 @pytest.mark.parametrize(
     "dim,pairs", [(8, True), (32, True), pytest.param(3, False, marks=pytest.mark.slow)]
 )
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_manywell_score_is_grad_and_matches_closed_form(dim, pairs):
     m = ManyWellTarget.create(dim, gaussian_pairs=pairs)
     x = m.sample(jax.random.key(0), 16)
@@ -205,6 +207,7 @@ def test_manywell_validation():
 @pytest.mark.parametrize(
     "process", [EDM(sigma_min=1e-4), pytest.param(VP(), marks=pytest.mark.slow)], ids=["edm", "vp"]
 )
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_manywell_noisy_score_against_scipy_convolution(process):
     """The quadrature noisy score vs a finite difference of log p_t by scipy quad (float64)."""
     m = ManyWellTarget.create(2)

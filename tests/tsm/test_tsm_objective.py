@@ -37,6 +37,7 @@ class LinearScore(ScoreSource):
 
 @pytest.mark.parametrize("process", [EDM(sigma_min=1e-3), VP()], ids=["edm", "vp"])
 @pytest.mark.parametrize("ve_sigma", [0.3, 1.0])
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_target_score_identity_by_importance_weights_on_1d_mixture(process, ve_sigma):
     """E[grad log p0(x0) / alpha | x_t = y] (self-normalised IS from exact prior samples)
     equals the closed-form noisy mixture score; so does the DSI estimate."""
@@ -180,6 +181,7 @@ def _mean_and_se(r):
     return r.mean(), r.std() / math.sqrt(r.size)
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_dsm_label_variance_scales_like_d_over_sigma2_and_tsm_does_not():
     """Measured: V(sigma) = E||u - s_t(x_t)||^2 by Monte Carlo with the exact noisy score."""
     process = EDM(sigma_min=1e-4)
@@ -323,6 +325,7 @@ def test_objective_is_hashable_and_jits():
     )
 
 
+@pytest.mark.slow  # over 4 s on 2 idle cores: `make test` only
 def test_weightings():
     """lambda(t): sigma^2 and g^2 as DSM, alpha^2 (normalised TSM), and the relative weighting."""
     p = VP()
