@@ -442,7 +442,9 @@ class DistillRun(TrainedRun):
         return self._one_step(params, s.num_samples, s.seed, s.batch_size, progress=progress)
 
     def _one_step(self, params, num_samples, seed, batch_size, *, progress):
-        sample = distill.one_step_sampler(self.nets.model, self.dcfg.sigma_g, self.sigma_data)
+        sample = distill.one_step_sampler(
+            self.nets.model, self.dcfg.sigma_g, self.sigma_data, self.dcfg.sigma_refine
+        )
         return draw_samples(
             sample,
             params,
@@ -455,8 +457,10 @@ class DistillRun(TrainedRun):
         )
 
     def title(self, run_dir: Path, step: int, info: dict, use_ema: bool) -> str:
+        nfe = distill.generator_nfe(self.dcfg.sigma_refine)
         return (
-            f"{self.cfg.name}: {distill.describe(self.dcfg.divergence)} student, NFE 1, step {step}"
+            f"{self.cfg.name}: {distill.describe(self.dcfg.divergence)} student, NFE {nfe}, "
+            f"step {step}"
         )
 
     @classmethod

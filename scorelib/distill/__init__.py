@@ -19,6 +19,7 @@ from scorelib.distill.losses import (
 from scorelib.distill.networks import (
     Discriminator,
     generate,
+    generator_nfe,
     network_features,
     network_inputs,
     one_step_sampler,
@@ -55,6 +56,7 @@ __all__ = [
     "student_example_losses",
     "Discriminator",
     "generate",
+    "generator_nfe",
     "network_features",
     "network_inputs",
     "one_step_sampler",

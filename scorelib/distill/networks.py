@@ -28,14 +28,25 @@ from scorelib.scores.network import check_network_input, preconditioned_denoiser
 Array = Any
 
 
-def generate(graphdef, params, z: Array, sigma_g: float, sigma_data: float) -> Array:
-    """One-step sample ``G(z) = D(sigma_g z; sigma_g)`` of the preconditioned network.
+def generate(
+    graphdef, params, z: Array, sigma_g: float, sigma_data: float, sigma_refine: float | None = None
+) -> Array:
+    """Sample ``G(z) = D(sigma_g z; sigma_g)`` of the preconditioned network, or with a
+    refining stage ``G(z) = D(D(sigma_g z; sigma_g); sigma_refine)``.
+
+    The refining stage feeds the first stage's output to the same network at the low noise
+    level ``sigma_refine`` (no noise is added): for a network whose receptive field shrinks
+    with the noise level (:class:`scorelib.nets.LocalMLP` below its ``sigma_local``) this is
+    the student's local part, which the one evaluation at ``sigma_g`` never reaches. It
+    costs a second network evaluation (NFE 2).
 
     Args:
       graphdef, params: the student network (``nnx.split(model, nnx.Param)``).
       z: ``[batch, *data_shape]`` standard normal noise.
       sigma_g: the generator's input noise level (data units, > 0; EDM: 80).
       sigma_data: the preconditioning's data standard deviation.
+      sigma_refine: the refining stage's noise level (data units, in ``(0, sigma_g)``), or
+        ``None`` for none.
 
     Returns:
       ``[batch, *data_shape]`` samples in data units.
@@ -46,10 +57,21 @@ def generate(graphdef, params, z: Array, sigma_g: float, sigma_data: float) -> A
     """
     check_network_input(graphdef, params, z, "z")
     sigma = jnp.full((z.shape[0],), sigma_g, jnp.float32)
-    return preconditioned_denoiser(graphdef, params, sigma_g * z, sigma, sigma_data)
+    x = preconditioned_denoiser(graphdef, params, sigma_g * z, sigma, sigma_data)
+    if sigma_refine is None:
+        return x
+    sigma = jnp.full((z.shape[0],), sigma_refine, jnp.float32)
+    return preconditioned_denoiser(graphdef, params, x, sigma, sigma_data)
 
 
-def one_step_sampler(graphdef, sigma_g: float, sigma_data: float):
+def generator_nfe(sigma_refine: float | None) -> int:
+    """Network evaluations per sample of :func:`generate`: 1, or 2 with a refining stage."""
+    return 1 if sigma_refine is None else 2
+
+
+def one_step_sampler(
+    graphdef, sigma_g: float, sigma_data: float, sigma_refine: float | None = None
+):
     """The student as a sampler: ``sample(params, key, shape, *, first_index=0) -> (x, info)``
     with the library's sampler signature (``scorelib.samplers``), so
     ``scorelib.samplers.draw_samples(sample, params, key, data_shape, ...)`` draws any number
@@ -63,20 +85,23 @@ def one_step_sampler(graphdef, sigma_g: float, sigma_data: float):
       graphdef: the student network's graph definition.
       sigma_g: the generator's input noise level (data units, > 0).
       sigma_data: the preconditioning's data standard deviation.
+      sigma_refine: the generator's refining stage (:func:`generate`), or ``None``.
 
     Returns:
-      ``sample``; ``info = {"nfe": 1, "steps": 1}``. Compiled once per batch shape.
+      ``sample``; ``info = {"nfe": 1 or 2, "steps": 1}``. Compiled once per batch shape.
     """
 
     @jax.jit(static_argnums=2)
     def draw(params, key, shape, first_index):
         keys = example_keys(key, shape[0], first_index)
         z = jax.vmap(lambda k: jax.random.normal(k, shape[1:]))(keys)
-        return generate(graphdef, params, z, sigma_g, sigma_data)
+        return generate(graphdef, params, z, sigma_g, sigma_data, sigma_refine)
+
+    nfe = generator_nfe(sigma_refine)
 
     def sample(params, key, shape, *, first_index: int = 0):
         shape = tuple(int(s) for s in shape)
-        return draw(params, key, shape, first_index), {"nfe": 1, "steps": 1}
+        return draw(params, key, shape, first_index), {"nfe": nfe, "steps": 1}
 
     return sample
 

@@ -4,7 +4,7 @@ One step, for state ``s`` with ``i = s.step`` (Xu, Nie and Vahdat 2025, Alg. 1; 
 Yin et al. 2024, Sec. 4)::
 
     per example b (keys fold_in(fold_in(s.key, i), b)):
-      z ~ N(0, I); g = G(z)                               # student sample, one evaluation
+      z ~ N(0, I); g = G(z)                               # student sample (generate)
       ve_sigma ~ rho-spaced on [sigma_min, sigma_max]; t = t_of_ve_sigma(ve_sigma)
       x_t = alpha(t) g + sigma(t) eps                      # noised student sample
       x_r = alpha(t') x_real + sigma(t') eps'              # data, independent t'
@@ -80,6 +80,9 @@ class DistillConfig:
         drawn as ``(sigma_max^(1/rho) + u (sigma_min^(1/rho) - sigma_max^(1/rho)))^rho``,
         ``u ~ U(0, 1)`` (the continuous form of the authors' draw from a rho = 7 grid).
       sigma_g: the generator's input noise level (data units, > 0; EDM: 80).
+      sigma_refine: the generator's refining stage ``G(z) = D(D(sigma_g z; sigma_g);
+        sigma_refine)`` (:func:`scorelib.distill.generate`; data units, in ``(0, sigma_g)``),
+        or ``None`` for the one evaluation of the paper.
     """
 
     divergence: str = "kl"
@@ -96,6 +99,7 @@ class DistillConfig:
     sigma_max: float = 80.0
     rho: float = 7.0
     sigma_g: float = 80.0
+    sigma_refine: float | None = None
 
     def __post_init__(self):
         check_divergence(self.divergence)
@@ -119,6 +123,15 @@ class DistillConfig:
         check_real(self.sigma_max, "distill.sigma_max", low=self.sigma_min, low_open=True)
         check_real(self.rho, "distill.rho", low=0.0, low_open=True)
         check_real(self.sigma_g, "distill.sigma_g", low=0.0, low_open=True)
+        if self.sigma_refine is not None:
+            check_real(
+                self.sigma_refine,
+                "distill.sigma_refine",
+                low=0.0,
+                high=self.sigma_g,
+                low_open=True,
+                high_open=True,
+            )
 
     def draw_ve_sigma(self, u: Array) -> Array:
         """Noise levels from ``u`` in [0, 1] (same shape): rho-spaced, ``u = 0`` is sigma_max
@@ -305,7 +318,7 @@ def make_distill_step(
     def forward(params, state, d):
         """Every quantity of the step; the gradient paths are those of the losses."""
         z, u, eps, u_r, eps_r, n_r1 = d
-        g = generate(nets.model, params["student"], z, cfg.sigma_g, sd)
+        g = generate(nets.model, params["student"], z, cfg.sigma_g, sd, cfg.sigma_refine)
         x_t, t, ve_sigma = noised(g, u, eps)
         x_teacher = sg(teacher.denoiser(sg(x_t), t))
         fake = NetworkScore(

@@ -185,6 +185,8 @@ def test_a_teacher_restored_on_its_device_compiles_the_step_once():
         ("ratio_ema", 1.0),
         ("sigma_max", 0.001),
         ("r1_noise", 0.0),
+        ("sigma_refine", 0.0),
+        ("sigma_refine", 80.0),  # not below sigma_g
     ],
 )
 def test_config_refuses_bad_values_naming_the_field(field, value):
@@ -199,6 +201,40 @@ def test_r1_noise_is_refused_while_the_r1_penalty_is_off():
         distill.DistillConfig(r1_weight=1.0, r1_noise=0.0)
     assert distill.DistillConfig(r1_weight=1.0, r1_noise=0.2).r1_noise == 0.2
     assert distill.DistillConfig(r1_weight=1.0).r1_noise is None  # R1_NOISE is used
+
+
+def test_the_refining_stage_is_the_network_again_at_sigma_refine():
+    """``generate`` with ``sigma_refine``: EDM's preconditioned denoiser written out from
+    Karras et al. (2022, Table 1) and applied twice, first to ``sigma_g z`` at ``sigma_g``,
+    then to that output at ``sigma_refine``; the sampler reports 2 network evaluations."""
+    model = MLP((3,), width=16, depth=2, emb_dim=8, rngs=nnx.Rngs(0))
+    gd, params = nnx.split(model, nnx.Param)
+    # a non-zero output layer, so that the network term shows in both stages
+    params = jax.tree.map(lambda a: a + 0.1, params)
+    net = nnx.merge(gd, params)
+    sd, sigma_g, sigma_r = 0.5, 80.0, 0.2
+
+    def denoiser(x, sigma):
+        c_skip = sd**2 / (sigma**2 + sd**2)
+        c_out = sigma * sd / np.sqrt(sigma**2 + sd**2)
+        c_in = 1 / np.sqrt(sigma**2 + sd**2)
+        c_noise = np.full((x.shape[0],), np.log(sigma) / 4, np.float32)
+        return c_skip * x + c_out * np.asarray(net(jnp.asarray(c_in * x), jnp.asarray(c_noise)))
+
+    z = np.asarray(jax.random.normal(jax.random.key(1), (5, 3)))
+    one = denoiser(sigma_g * z, sigma_g)
+    want = denoiser(one, sigma_r)
+    got = distill.generate(gd, params, jnp.asarray(z), sigma_g, sd, sigma_r)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        distill.generate(gd, params, jnp.asarray(z), sigma_g, sd), one, rtol=1e-5, atol=1e-5
+    )
+    assert np.abs(want - one).max() > 1e-2  # the second stage does change the samples
+    x, info = distill.one_step_sampler(gd, sigma_g, sd, sigma_r)(params, jax.random.key(0), (4, 3))
+    assert info == {"nfe": 2, "steps": 1} and x.shape == (4, 3)
+    assert distill.one_step_sampler(gd, sigma_g, sd)(params, jax.random.key(0), (4, 3))[1][
+        "nfe"
+    ] == 1
 
 
 def _one_step_student(teacher, batch, *, steps, lr, student_every=2):
