@@ -456,6 +456,10 @@ class DistillRun(TrainedRun):
             desc="sampling (one step)",
         )
 
+    def fingerprint_defaults(self) -> dict:
+        """A checkpoint written before ``distill.sigma_refine`` existed had no refining stage."""
+        return {"distill.sigma_refine": None}
+
     def title(self, run_dir: Path, step: int, info: dict, use_ema: bool) -> str:
         nfe = distill.generator_nfe(self.dcfg.sigma_refine)
         return (

@@ -69,3 +69,20 @@ def test_each_sampler_schema_runs_on_its_declared_grid_and_has_every_grid_option
         for option in schema.GRID_FIELDS:
             assert node[option] is None, (name, option)
     assert set(schema.GRID_FIELDS) == {"sigma_min", "sigma_max", "rho", "t_min", "t_max"}
+
+
+def test_a_distillation_checkpoint_without_sigma_refine_stands_for_no_refining_stage():
+    """A checkpoint written before ``distill.sigma_refine`` existed resumes as a run whose
+    option is the library's and the preset's default (no refining stage)."""
+    import dataclasses
+
+    from experiments.runs.distill import DistillRun
+    from scorelib.distill import DistillConfig
+
+    defaults = DistillRun.fingerprint_defaults(None)
+    library = {f.name: f.default for f in dataclasses.fields(DistillConfig)}
+    yaml = OmegaConf.load(ROOT / "configs/distill/fdistill.yaml")
+    for key, value in defaults.items():
+        name = key.removeprefix("distill.")
+        assert library[name] == yaml[name] == value, key
+    assert defaults == {"distill.sigma_refine": None}
