@@ -232,9 +232,9 @@ def test_the_refining_stage_is_the_network_again_at_sigma_refine():
     assert np.abs(want - one).max() > 1e-2  # the second stage does change the samples
     x, info = distill.one_step_sampler(gd, sigma_g, sd, sigma_r)(params, jax.random.key(0), (4, 3))
     assert info == {"nfe": 2, "steps": 1} and x.shape == (4, 3)
-    assert distill.one_step_sampler(gd, sigma_g, sd)(params, jax.random.key(0), (4, 3))[1][
-        "nfe"
-    ] == 1
+    assert (
+        distill.one_step_sampler(gd, sigma_g, sd)(params, jax.random.key(0), (4, 3))[1]["nfe"] == 1
+    )
 
 
 def _one_step_student(teacher, batch, *, steps, lr, student_every=2):

@@ -43,7 +43,7 @@ def test_fdistill_digits_smoke(tmp_path):
     )
     assert r.code == 0, r.stderr[-3000:]
     assert (run_dir / "teacher/checkpoints").is_dir()
-    assert (run_dir / "runs/kl/checkpoints").is_dir()
+    assert (run_dir / "runs/kl_seed0/checkpoints").is_dir()
     res = json.loads((run_dir / "results.json").read_text())
     # Heun 2 steps, DPM-Solver++ at 1 and 2 NFE, the student
     assert [x["nfe"] for x in res] == [3, 1, 2, 1]
@@ -53,8 +53,12 @@ def test_fdistill_digits_smoke(tmp_path):
         "teacher, DPM-Solver++(2M), sigma_min 0.5",
     )
     assert all(np.isfinite(x["fd"]) and x["fd"] >= 0 for x in res)
+    assert all(
+        0 <= x["c2st_pixels_samples"] <= 1 and 0 <= x["recall_pixels_samples"] <= 1 for x in res
+    )
     summary = (run_dir / "fdistill_digits_summary.md").read_text()
     assert "student, forward-KL" in summary and "1.92" in summary  # the paper's FID
+    assert "| training images (floor) |" in summary and "C2ST pixels" in summary
 
 
 def test_fdistill_digits_refuses_a_teacher_of_other_data_before_compute(tmp_path):
@@ -76,3 +80,33 @@ def test_fdistill_digits_refuses_a_teacher_of_other_data_before_compute(tmp_path
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert f"error: table.teacher={toy_run}: a run of data=toy" in r.stderr, r.stderr
     assert not (run_dir / "runs").exists()
+
+
+def test_the_paper_ordering_against_welch_written_out():
+    """``paper_ordering``: the sign (positive = better than reverse-KL, lower or higher
+    better), Welch's p against the statistic and Welch-Satterthwaite degrees of freedom
+    written out with the t distribution's tail, and the verdicts."""
+    from scipy import stats
+
+    from experiments.tables.fdistill_digits import paper_ordering
+
+    rkl = [0.80, 0.82, 0.84]
+    kl = [0.60, 0.61, 0.65]  # clearly lower (better C2ST)
+    js = [0.79, 0.85, 0.81]  # within the spread
+    out = paper_ordering({"rkl": rkl, "kl": kl, "js": js, "sf": [0.5, 0.5]}, True)
+    assert set(out) == {"kl", "js"}  # sf is not a teacher-mass divergence
+    a, b = np.array(kl), np.array(rkl)
+    va, vb = a.var(ddof=1) / 3, b.var(ddof=1) / 3
+    t = (a.mean() - b.mean()) / np.sqrt(va + vb)
+    dof = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 2)
+    p = 2 * stats.t.sf(abs(t), dof)
+    diff, p_kl, verdict = out["kl"]
+    assert diff == pytest.approx(b.mean() - a.mean()) and diff > 0
+    assert p_kl == pytest.approx(p, rel=1e-9) and verdict == "better"
+    assert out["js"][2] == "within the seeds' spread" and out["js"][1] > 0.05
+    # recall: higher is better, so a lower kl is worse
+    assert paper_ordering({"rkl": rkl, "kl": kl}, False)["kl"][2] == "worse"
+    with pytest.raises(ValueError, match="reverse-KL"):
+        paper_ordering({"kl": kl}, True)
+    with pytest.raises(ValueError, match="at least 2 seeds"):
+        paper_ordering({"rkl": rkl, "kl": [0.6]}, True)
