@@ -110,3 +110,59 @@ def test_the_paper_ordering_against_welch_written_out():
         paper_ordering({"kl": kl}, True)
     with pytest.raises(ValueError, match="at least 2 seeds"):
         paper_ordering({"rkl": rkl, "kl": [0.6]}, True)
+
+
+def test_the_digits_report_means_over_seeds_a_floor_row_and_the_ordering(tmp_path):
+    """``report`` on made-up rows of 2 seeds: a ``mean ± std`` cell per metric, FD over the
+    teacher's, the floor row from the first row's floors, the paper's columns, and a note of
+    the ordering per metric naming the verdicts."""
+    from experiments.tables.fdistill_digits import report
+
+    def row(label, nfe, key, seed, c2st):
+        return {
+            "label": label,
+            "nfe": nfe,
+            "key": key,
+            "seed": seed,
+            "fd": 2.0 + seed if key == "teacher_35" else 4.0 + seed + (key == "kl") * 0.1,
+            "c2st_pixels_samples": c2st,
+            "c2st_features_samples": 0.5,
+            "recall_pixels_samples": 0.8 + 0.01 * seed,
+            "recall_features_samples": 0.9,
+            "mem_copy_rate": 0.0,
+            "fd_floor": 1.0,
+            "c2st_pixels_floor": 0.49 + 0.02 * seed,
+            "c2st_features_floor": 0.5,
+            "recall_pixels_floor": 0.89,
+            "recall_features_floor": 0.9,
+            "mem_reference_copy_rate": 0.0,
+        }
+
+    results = []
+    for seed in (0, 1):
+        results.append(row("teacher, Heun", 35, "teacher_35", seed, 0.55))
+        results.append(row("student, reverse-KL", 1, "rkl", seed, 0.90 + 0.001 * seed))
+        results.append(row("student, forward-KL", 1, "kl", seed, 0.70 + 0.001 * seed))
+    tc = OmegaConf.create(
+        {
+            "teacher": "t",
+            "seeds": [0, 1],
+            "overrides": [],
+            "few_step_sigma_min": [0.5],
+            "samples": 100,
+        }
+    )
+    (tmp_path / "run_info.json").write_text('{"launches": [{"git": {"commit": "abc1234"}}]}')
+    out = report(results, tc, tmp_path, tmp_path / "f.png", {}, tmp_path)
+    (table,) = out["tables"]
+    rows = {r[0]: dict(zip(table["columns"], r, strict=True)) for r in table["rows"]}
+    assert rows["teacher, Heun"]["FD (digits classifier)"] == "2.5 ± 0.5"
+    assert rows["student, forward-KL"]["FD / teacher-35 FD"] == pytest.approx(4.6 / 2.5)
+    assert rows["student, forward-KL"]["CIFAR-10 FID (paper)"] == 1.92
+    assert rows["student, reverse-KL"]["CIFAR-10 recall (paper)"] == 0.60
+    assert rows["training images (floor)"]["C2ST pixels"] == "0.5 ± 0.01"
+    notes = " ".join(out["notes"])
+    assert "by pixel C2ST" in notes and "forward-KL better (+0.2, p " in notes
+    assert "by FD" in notes and "forward-KL within the seeds' spread (-0.1, p " in notes
+    assert "by pixel recall" in notes and "forward-KL within the seeds' spread (+0, p 1)" in notes
+    assert "Best student by pixel C2ST: forward-KL, 0.700" in notes
