@@ -362,8 +362,7 @@ def report(results: list, tc, teacher_dir: Path, fig: Path, chosen=None, run_dir
                     )
                     + "."
                 )
-    students = [r for r in results if isinstance(r["key"], str) and r["key"] in by_div]
-    if students:
+    if by_div:
         means = {d: np.mean([r["c2st_pixels_samples"] for r in rs]) for d, rs in by_div.items()}
         best = min(means, key=means.get)
         rs = by_div[best]
