@@ -37,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 from experiments.common import CONFIG_DIR, git_revision, package_versions
 from experiments.runs import ScoreRun, train_run
 from experiments.schema import register_configs
+from scorelib._checks import check_int
 from scorelib._io import atomic_write_text
 
 Cell = Any
@@ -148,6 +149,25 @@ def run_revision(run_dir: Path) -> str:
 def pm(mean: float, std: float, sig: int = 3) -> str:
     """``"mean ± std"`` for tables that report a spread over seeds."""
     return f"{fmt(float(mean), sig)} ± {fmt(float(std), 2)}"
+
+
+def seed_cell(rows: Sequence[dict], key: str) -> Cell:
+    """``rows[i][key]`` over the seeds' rows as one cell: the value alone for one seed,
+    ``"mean ± std"`` (population std) for more."""
+    v = np.array([r[key] for r in rows], float)
+    return float(v[0]) if v.size == 1 else pm(v.mean(), v.std())
+
+
+def check_seeds(seeds) -> list[int]:
+    """``table.seeds`` as distinct integers >= 0, at least one.
+
+    Raises:
+      ValueError: naming ``table.seeds``.
+    """
+    out = [check_int(s, "table.seeds", low=0) for s in seeds]
+    if not out or len(set(out)) != len(out):
+        raise ValueError(f"table.seeds must be distinct integers, at least one; got {list(seeds)}")
+    return out
 
 
 def _check(columns: Sequence[str], rows: Sequence[Sequence[Cell]], name: str) -> None:

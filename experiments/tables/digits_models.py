@@ -24,7 +24,6 @@ from experiments.runs import ScoreRun, train_run
 from experiments.runs.evaluation import evaluate_images
 from experiments.schema import register_configs
 from experiments.tables.common import pm
-from scorelib._checks import check_int
 
 #: The sample-quality columns of the tables: (column, evaluate_images key); each cell is
 #: the mean over training seeds, ``± std`` when there are several.
@@ -50,18 +49,6 @@ CELLS_NOTE = (
     "Cells: one training seed, or mean ± std over the seeds. The paper column paraphrases the "
     "paper's claim; its experiments use other data, so none of its numbers is comparable."
 )
-
-
-def check_seeds(seeds) -> list[int]:
-    """``table.seeds`` as distinct integers >= 0, at least one.
-
-    Raises:
-      ValueError: naming ``table.seeds``.
-    """
-    out = [check_int(s, "table.seeds", low=0) for s in seeds]
-    if not out or len(set(out)) != len(out):
-        raise ValueError(f"table.seeds must be distinct integers, at least one; got {list(seeds)}")
-    return out
 
 
 def quality_note(first: dict) -> str:

@@ -34,14 +34,15 @@ from experiments.runs.evaluation import evaluate_images
 from experiments.runs.layout import pyplot, save_figure
 from experiments.tables.common import (
     check_digits_run,
+    check_seeds,
     compose_config,
     given_or_trained,
-    pm,
     run_revision,
     scaled,
+    seed_cell,
 )
 from scorelib import distill
-from scorelib._checks import check_int, check_real
+from scorelib._checks import check_real
 from scorelib._io import atomic_write_text
 from scorelib.data.images import quantise
 from scorelib.metrics import fd_features
@@ -77,10 +78,7 @@ def _settings(cfg: DictConfig) -> DictConfig:
         distill.check_divergence(d, "table.divergences")
     if tc.teacher is not None:
         check_digits_run("table.teacher", tc.teacher)
-    if len(tc.seeds) < 1 or len(set(tc.seeds)) != len(tc.seeds):
-        raise ValueError(f"table.seeds must be distinct integers, at least one; got {tc.seeds}")
-    for s in tc.seeds:
-        check_int(s, "table.seeds", low=0)
+    check_seeds(tc.seeds)
     for s_min in tc.few_step_sigma_min:
         check_real(s_min, "table.few_step_sigma_min", low=0.0, low_open=True)
     return tc
@@ -272,12 +270,6 @@ def paper_ordering(values: dict[str, Sequence[float]], lower_is_better: bool) ->
     return out
 
 
-def _cell(rs: list, key: str):
-    """Mean over the seeds' rows, ``mean ± std`` with more than one."""
-    v = np.array([r[key] for r in rs], float)
-    return float(v[0]) if v.size == 1 else pm(v.mean(), v.std())
-
-
 def report(results: list, tc, teacher_dir: Path, fig: Path, chosen=None, run_dir=None) -> dict:
     labels = list(dict.fromkeys((r["label"], r["nfe"]) for r in results))
     cols = [
@@ -301,13 +293,13 @@ def report(results: list, tc, teacher_dir: Path, fig: Path, chosen=None, run_dir
             [
                 label,
                 nfe,
-                _cell(rs, "fd"),
+                seed_cell(rs, "fd"),
                 float(np.mean([r["fd"] for r in rs]) / teacher_fd),
-                _cell(rs, "c2st_pixels_samples"),
-                _cell(rs, "c2st_features_samples"),
-                _cell(rs, "recall_pixels_samples"),
-                _cell(rs, "recall_features_samples"),
-                _cell(rs, "mem_copy_rate"),
+                seed_cell(rs, "c2st_pixels_samples"),
+                seed_cell(rs, "c2st_features_samples"),
+                seed_cell(rs, "recall_pixels_samples"),
+                seed_cell(rs, "recall_features_samples"),
+                seed_cell(rs, "mem_copy_rate"),
                 PAPER_FID.get(rs[0]["key"]),
                 PAPER_RECALL.get(rs[0]["key"]),
             ]
@@ -317,13 +309,13 @@ def report(results: list, tc, teacher_dir: Path, fig: Path, chosen=None, run_dir
         [
             "training images (floor)",
             None,
-            _cell(first, "fd_floor"),
+            seed_cell(first, "fd_floor"),
             None,
-            _cell(first, "c2st_pixels_floor"),
-            _cell(first, "c2st_features_floor"),
-            _cell(first, "recall_pixels_floor"),
-            _cell(first, "recall_features_floor"),
-            _cell(first, "mem_reference_copy_rate"),
+            seed_cell(first, "c2st_pixels_floor"),
+            seed_cell(first, "c2st_features_floor"),
+            seed_cell(first, "recall_pixels_floor"),
+            seed_cell(first, "recall_features_floor"),
+            seed_cell(first, "mem_reference_copy_rate"),
             None,
             None,
         ]

@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from experiments.runs import DistillRun, train_run
 from experiments.runs.layout import pyplot, save_figure
-from experiments.tables.common import pm, scaled
+from experiments.tables.common import check_seeds, pm, scaled, seed_cell
 from scorelib import distill
 from scorelib._io import atomic_write_text
 from scorelib.metrics import energy_distance, mode_statistics, precision_recall
@@ -39,8 +39,7 @@ MODE_SEEKING = {
 
 def _settings(cfg: DictConfig) -> DictConfig:
     tc = scaled(cfg)
-    if len(tc.seeds) < 1 or len(set(tc.seeds)) != len(tc.seeds):
-        raise ValueError(f"table.seeds must be distinct integers, at least one; got {tc.seeds}")
+    check_seeds(tc.seeds)
     for d in tc.divergences:
         distill.check_divergence(d, "table.divergences")
     if int(tc.samples) < 10:
@@ -106,11 +105,6 @@ def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
     return report(results, exact, target, tc, fig)
 
 
-def _stat(rows, key):
-    v = np.array([r[key] for r in rows], float)
-    return pm(v.mean(), v.std())
-
-
 def report(results: dict, exact: list, target, tc, fig: Path) -> dict:
     w = np.asarray(target.weights)
     light = np.argsort(w)[:2]
@@ -131,13 +125,13 @@ def report(results: dict, exact: list, target, tc, fig: Path) -> dict:
         out = [
             name,
             seeking,
-            _stat(rows, "n_covered"),
+            seed_cell(rows, "n_covered"),
             pm(np.mean(lm), np.std(lm)),
-            _stat(rows, "off_mode"),
-            _stat(rows, "tv"),
-            _stat(rows, "energy"),
+            seed_cell(rows, "off_mode"),
+            seed_cell(rows, "tv"),
+            seed_cell(rows, "energy"),
         ]
-        return out + [_stat(rows, "precision"), _stat(rows, "recall")]
+        return out + [seed_cell(rows, "precision"), seed_cell(rows, "recall")]
 
     rows = [row(distill.describe(d), MODE_SEEKING[d], results[d]) for d in tc.divergences]
     rows.append(row("exact samples", "", exact))

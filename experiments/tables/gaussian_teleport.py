@@ -51,7 +51,7 @@ from omegaconf import DictConfig
 from experiments import build
 from experiments.runs import ScoreRun, configure_jax, load_run, train_run
 from experiments.runs.layout import pyplot, save_figure
-from experiments.tables.common import compose_config, scaled
+from experiments.tables.common import check_seeds, compose_config, scaled
 from scorelib._io import atomic_write_text
 from scorelib.data.images import quantise
 from scorelib.metrics import (
@@ -384,8 +384,7 @@ def _settings(cfg: DictConfig) -> DictConfig:
     for field in ("num_samples", "batch_size", "explained_points", "gmm_components"):
         if int(tc[field]) < 1:
             raise ValueError(f"table.{field} must be >= 1; got {tc[field]}")
-    if len(tc.seeds) < 1:
-        raise ValueError("table.seeds must list at least one seed")
+    check_seeds(tc.seeds)
     for sw in tc.sweeps:
         if sw.sampler not in SAMPLER_FNS:
             raise ValueError(

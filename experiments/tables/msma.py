@@ -43,6 +43,7 @@ from experiments.runs.evaluation import BPD_OPTIONS
 from experiments.runs.layout import pyplot, save_figure
 from experiments.tables.common import (
     check_digits_run,
+    check_seeds,
     given_or_trained,
     pm,
     run_revision,
@@ -81,15 +82,7 @@ def _settings(cfg: DictConfig) -> DictConfig:
     check_real(tc.sigma_max, "table.sigma_max", low=lo, low_open=True)
     check_int(tc.n_components, "table.n_components", low=1)
     check_choice(tc.covariance_type, "table.covariance_type", COVARIANCE_TYPES)
-    seeds = list(tc.seeds)
-    require(
-        len(seeds) >= 1 and len(set(seeds)) == len(seeds),
-        "table.seeds",
-        "a non-empty list of distinct integers",
-        seeds,
-    )
-    for s in seeds:
-        check_int(s, "table.seeds", low=0)
+    check_seeds(tc.seeds)
     check_int(tc.ood_size, "table.ood_size", low=2)
     if tc.test_size is not None:
         check_int(tc.test_size, "table.test_size", low=2)

@@ -32,14 +32,13 @@ import jax
 import numpy as np
 from omegaconf import DictConfig
 
-from experiments.tables.common import pm, scaled
+from experiments.tables.common import check_seeds, pm, scaled
 from experiments.tables.digits_models import (
     CELLS_NOTE,
     FLOOR_KEYS,
     QUALITY_COLUMNS,
     cells,
     check,
-    check_seeds,
     quality_note,
     trained_models,
 )

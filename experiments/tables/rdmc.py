@@ -30,7 +30,7 @@ import jax
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.tables.common import pm
+from experiments.tables.common import check_seeds, seed_cell
 from scorelib._io import atomic_write_text
 from scorelib.data.targets import ManyWellTarget, make_target
 from scorelib.metrics import energy_distance, mode_statistics, well_mode_statistics
@@ -68,9 +68,7 @@ def _settings(cfg: DictConfig) -> DictConfig:
         tc = OmegaConf.merge(tc, smoke)
         if variants is not None:
             tc.variants = variants
-    seeds = [int(s) for s in tc.seeds]
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise ValueError(f"table.seeds must be distinct integers, at least one; got {tc.seeds}")
+    check_seeds(tc.seeds)
     for field, low in (("samples", 10), ("outer_steps", 1), ("long_budget", 1)):
         v = tc.get(field)
         if not isinstance(v, int) or isinstance(v, bool) or v < low:
@@ -211,11 +209,6 @@ def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
     return report(results, tc, fig)
 
 
-def _stat(rows, key):
-    v = np.array([r[key] for r in rows], float)
-    return pm(v.mean(), v.std())
-
-
 def report(results: dict, tc, fig: Path) -> dict:
     """The summary and mode-mass tables from ``results`` (``{target: {row: [per seed]}}``)."""
     cols = [
@@ -239,8 +232,8 @@ def report(results: dict, tc, fig: Path) -> dict:
                     row,
                     runs[0]["grad"],
                     runs[0]["density"],
-                    _stat(runs, "tv"),
-                    _stat(runs, "energy"),
+                    seed_cell(runs, "tv"),
+                    seed_cell(runs, "energy"),
                     f"{sum(r['nonfinite'] for r in runs)} of {len(runs) * int(tc.samples)}",
                     fmt_wall(runs),
                     PAPER if row.startswith("rdMC") else "",

@@ -33,14 +33,13 @@ from omegaconf import DictConfig
 
 from experiments.build import NOISE_SEED
 from experiments.runs.evaluation import evaluate_images
-from experiments.tables.common import scaled
+from experiments.tables.common import check_seeds, scaled
 from experiments.tables.digits_models import (
     CELLS_NOTE,
     FLOOR_KEYS,
     QUALITY_COLUMNS,
     cells,
     check,
-    check_seeds,
     compose,
     quality_note,
     trained_models,

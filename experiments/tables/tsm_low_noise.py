@@ -49,7 +49,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.runs.layout import pyplot, save_figure
-from experiments.tables.common import pm, scaled
+from experiments.tables.common import check_seeds, pm, scaled
 from scorelib._io import atomic_write_text
 from scorelib.data.targets import make_target
 from scorelib.metrics import label_variance, noisy_samples, relative_score_error, sample_distances
@@ -74,10 +74,7 @@ def _settings(cfg: DictConfig) -> DictConfig:
         ``table.seeds``, ...).
     """
     tc = scaled(cfg)
-    if len(tc.seeds) < 1:
-        raise ValueError("table.seeds must list at least one seed")
-    if len(set(int(s) for s in tc.seeds)) != len(tc.seeds):
-        raise ValueError(f"table.seeds must be distinct; got {list(tc.seeds)}")
+    check_seeds(tc.seeds)
     for name in tc.run_targets:
         if name not in tc.targets:
             raise ValueError(

@@ -26,6 +26,19 @@ def test_fmt_and_pm():
     assert common.pm(1.23456, 0.01) == "1.23 ± 0.01"
 
 
+
+def test_seed_cell_and_check_seeds():
+    """The one cell every multi-seed table reports (numpy's population std written out) and
+    the one check of ``table.seeds`` every table runs."""
+    rows = [{"fd": 2.0}, {"fd": 4.0}, {"fd": 6.0}]
+    std = ((4.0 + 0.0 + 4.0) / 3) ** 0.5
+    assert common.seed_cell(rows, "fd") == f"4 ± {common.fmt(std, 2)}" == "4 ± 1.6"
+    assert common.seed_cell(rows[:1], "fd") == 2.0
+    assert common.check_seeds([2, 0, 1]) == [2, 0, 1]
+    for bad in ([], [0, 0], [-1], [0.5]):
+        with pytest.raises(ValueError, match="table.seeds"):
+            common.check_seeds(bad)
+
 def test_write_report_md_csv_tex_metadata(tmp_path):
     result = {
         "tables": [
