@@ -2,8 +2,9 @@
 
 The teacher is an ``experiments.train`` run of the digits (``table.teacher``, or the main
 job trained here into ``<run_dir>/teacher``); each student is an ``experiments.distill``
-run of the preset ``experiment=fdistill_digits`` (``<run_dir>/runs/<divergence>_seed<s>``,
-resumed or reused if present), one per divergence and seed. Rows: the teacher at 35 NFE
+run of the preset ``experiment=fdistill_digits`` (``<run_dir>/runs/<name>_seed<s>``,
+resumed or reused if present), one per divergence and seed, and one per entry of
+``table.variants`` (a divergence with extra overrides, e.g. the refining stage) and seed. Rows: the teacher at 35 NFE
 (Heun) and at few NFE (DPM-Solver++(2M), each at the best of ``table.few_step_sigma_min``:
 the EDM grid's lowest positive level before the final step to 0, chosen by FD), the
 students, and the floor of each metric (draws of training images); columns: FD in
@@ -19,13 +20,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from scipy import stats
 
 from experiments.build import Sampling
@@ -81,7 +83,31 @@ def _settings(cfg: DictConfig) -> DictConfig:
     check_seeds(tc.seeds)
     for s_min in tc.few_step_sigma_min:
         check_real(s_min, "table.few_step_sigma_min", low=0.0, low_open=True)
+    names = list(tc.divergences)
+    for i, v in enumerate(tc.variants):
+        field = f"table.variants[{i}]"
+        if set(v) != {"name", "divergence", "overrides"}:
+            raise ValueError(
+                f"{field} must have the keys name, divergence, overrides; got {list(v)}"
+            )
+        if not OmegaConf.is_list(v.overrides) or not all(isinstance(o, str) for o in v.overrides):
+            raise ValueError(f"{field}.overrides must be a list of overrides; got {v.overrides!r}")
+        if not re.fullmatch(r"[a-z0-9_]+", str(v.name)) or v.name in names:
+            raise ValueError(
+                f"{field}.name must be a new name of lowercase letters, digits and _ (not one of "
+                f"{names}); got {v.name!r}"
+            )
+        names.append(v.name)
+        distill.check_divergence(v.divergence, f"{field}.divergence")
     return tc
+
+
+def students(tc) -> list[tuple[str, str, list[str]]]:
+    """``(name, divergence, extra overrides)`` of each student a seed trains: one per
+    ``table.divergences`` (named by it), then ``table.variants``."""
+    return [(d, d, []) for d in tc.divergences] + [
+        (v.name, v.divergence, list(v.overrides)) for v in tc.variants
+    ]
 
 
 def check_teacher(tc, run_dir: Path) -> None:
@@ -92,9 +118,9 @@ def check_teacher(tc, run_dir: Path) -> None:
     Raises:
       ValueError, FileNotFoundError: ``table.teacher=<run>: ...``.
     """
-    for d in tc.divergences:
+    for _, d, extra in students(tc):
         try:
-            DistillRun.build(student_config(tc, d, int(tc.seeds[0]), Path(tc.teacher)))
+            DistillRun.build(student_config(tc, d, int(tc.seeds[0]), Path(tc.teacher), extra))
         except (ValueError, FileNotFoundError) as e:
             raise type(e)(f"table.teacher={tc.teacher}: {e}") from e
 
@@ -154,24 +180,28 @@ def teacher_samples(teacher_dir: Path, tc, seed: int, log) -> tuple[dict, Any, d
     return rows, run, chosen
 
 
-def student_config(tc, divergence: str, seed: int, teacher_dir: Path) -> DictConfig:
+def student_config(
+    tc, divergence: str, seed: int, teacher_dir: Path, extra: Sequence[str] = ()
+) -> DictConfig:
     """The ``experiments.distill`` config of the student of ``divergence`` and ``seed``
-    (``trainer.seed``): the preset ``experiment=fdistill_digits`` with ``table.overrides``."""
+    (``trainer.seed``): the preset ``experiment=fdistill_digits`` with ``table.overrides``,
+    then ``extra`` (a variant's)."""
     overrides = [
         "experiment=fdistill_digits",
         f"teacher.run_dir={teacher_dir}",
         f"distill.divergence={divergence}",
         f"trainer.seed={seed}",
         *tc.overrides,
+        *extra,
     ]
     return compose_config("distill", overrides)
 
 
-def student(tc, divergence: str, seed: int, teacher_dir: Path, run_dir: Path, log):
-    """The trained student (``<run_dir>/runs/<divergence>_seed<seed>``, resumed or reused)."""
-    out = run_dir / "runs" / f"{divergence}_seed{seed}"
-    log(f"[{divergence} seed {seed}] {out.relative_to(run_dir)}")
-    cfg = student_config(tc, divergence, seed, teacher_dir)
+def student(tc, name: str, divergence: str, extra, seed: int, teacher_dir: Path, run_dir, log):
+    """The trained student (``<run_dir>/runs/<name>_seed<seed>``, resumed or reused)."""
+    out = run_dir / "runs" / f"{name}_seed{seed}"
+    log(f"[{name} seed {seed}] {out.relative_to(run_dir)}")
+    cfg = student_config(tc, divergence, seed, teacher_dir, extra)
     return train_run(DistillRun, cfg, out, progress=False, handle_signals=False, tensorboard=False)
 
 
@@ -187,11 +217,12 @@ def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
     results, figs, chosen = [], {}, {}
     for seed in map(int, tc.seeds):
         rows, trun, chosen[seed] = teacher_samples(teacher_dir, tc, seed, log)
-        for d in tc.divergences:
-            srun, state = student(tc, d, seed, teacher_dir, run_dir, log)
+        for name, d, extra in students(tc):
+            srun, state = student(tc, name, d, extra, seed, teacher_dir, run_dir, log)
             x = srun.sample(state.ema_params, int(tc.samples), seed, int(tc.batch_size))
             nfe = distill.generator_nfe(srun.dcfg.sigma_refine)
-            rows[(f"student, {distill.describe(d)}", nfe, d)] = x
+            label = f"student, {distill.describe(d)}" + "".join(f", {o}" for o in extra)
+            rows[(label, nfe, name)] = x
         for (label, nfe, key), x in rows.items():
             log(f"[seed {seed}] evaluating {label} ({nfe} NFE)")
             r = evaluate_images(x, trun.data.images, "digits", seed=seed)
@@ -234,6 +265,7 @@ ORDER_METRICS = (
     ("recall_pixels_samples", "pixel recall", False),
     ("fd", "FD", True),
 )
+ORDER_KEYS = tuple(key for key, _, _ in ORDER_METRICS)
 
 
 def paper_ordering(values: dict[str, Sequence[float]], lower_is_better: bool) -> dict:
@@ -354,18 +386,25 @@ def report(results: list, tc, teacher_dir: Path, fig: Path, chosen=None, run_dir
                     )
                     + "."
                 )
+
+    def judged(rs):  # a student's means beside the teacher's at 35 NFE
+        c2st, recall, fd = (np.mean([r[k] for r in rs]) for k in ORDER_KEYS)
+        teacher_recall = np.mean([r["recall_pixels_samples"] for r in first])
+        return (
+            f"pixel C2ST {c2st:.3f} (target <= 0.65), pixel recall {recall:.3f} = "
+            f"{recall / teacher_recall:.2f}x the teacher's {teacher_recall:.3f} at 35 NFE "
+            f"(target >= 0.85x), FD {fd:.3g} = {fd / teacher_fd:.2f}x the teacher's."
+        )
+
     if by_div:
         means = {d: np.mean([r["c2st_pixels_samples"] for r in rs]) for d, rs in by_div.items()}
         best = min(means, key=means.get)
-        rs = by_div[best]
-        notes.append(
-            f"Best student by pixel C2ST: {distill.describe(best)}, "
-            f"{means[best]:.3f} (target <= 0.65), pixel recall "
-            f"{np.mean([r['recall_pixels_samples'] for r in rs]):.3f} against the teacher's "
-            f"{np.mean([r['recall_pixels_samples'] for r in first]):.3f} at 35 NFE, FD "
-            f"{np.mean([r['fd'] for r in rs]):.3g} = "
-            f"{np.mean([r['fd'] for r in rs]) / teacher_fd:.2f}x the teacher's."
-        )
+        best_rs = by_div[best]
+        notes.append(f"Best student by pixel C2ST: {distill.describe(best)}, {judged(best_rs)}")
+    for v in tc.variants:
+        rs = [r for r in results if r["key"] == v.name]
+        if rs:
+            notes.append(f"{rs[0]['label']} ({rs[0]['nfe']} NFE): {judged(rs)}")
     return {
         "seeds": [int(s) for s in tc.seeds],
         "tables": [

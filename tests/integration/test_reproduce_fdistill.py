@@ -9,6 +9,8 @@ from compose_train import compose_train
 from entry_helpers import run_inprocess
 from omegaconf import OmegaConf
 
+from experiments.common import CONFIG_DIR
+
 pytestmark = pytest.mark.slow
 
 
@@ -82,6 +84,31 @@ def test_fdistill_digits_refuses_a_teacher_of_other_data_before_compute(tmp_path
     assert not (run_dir / "runs").exists()
 
 
+@pytest.mark.parametrize(
+    "variants, match",
+    [
+        ([{"name": "kl", "divergence": "kl", "overrides": []}], r"variants\[0\]\.name must be"),
+        ([{"name": "Bad name", "divergence": "kl", "overrides": []}], r"variants\[0\]\.name"),
+        ([{"name": "a", "divergence": "kl"}], r"variants\[0\] must have the keys"),
+        ([{"name": "a", "divergence": "tv", "overrides": []}], r"variants\[0\]\.divergence"),
+        ([{"name": "a", "divergence": "kl", "overrides": "x=1"}], r"variants\[0\]\.overrides"),
+        (
+            [{"name": "a", "divergence": "kl", "overrides": []}] * 2,
+            r"variants\[1\]\.name must be a new",
+        ),
+    ],
+)
+def test_fdistill_digits_refuses_a_bad_variant(variants, match):
+    """Each ``table.variants`` entry is checked before anything runs, naming its index."""
+    from experiments.tables.fdistill_digits import _settings, students
+
+    cfg = OmegaConf.load(CONFIG_DIR / "table" / "fdistill_digits.yaml")
+    assert [s[0] for s in students(_settings(cfg))][-1] == "kl_refine"
+    cfg.variants = variants
+    with pytest.raises(ValueError, match=match):
+        _settings(cfg)
+
+
 def test_the_paper_ordering_against_welch_written_out():
     """``paper_ordering``: the sign (positive = better than reverse-KL, lower or higher
     better), Welch's p against the statistic and Welch-Satterthwaite degrees of freedom
@@ -143,11 +170,13 @@ def test_the_digits_report_means_over_seeds_a_floor_row_and_the_ordering(tmp_pat
         results.append(row("teacher, Heun", 35, "teacher_35", seed, 0.55))
         results.append(row("student, reverse-KL", 1, "rkl", seed, 0.90 + 0.001 * seed))
         results.append(row("student, forward-KL", 1, "kl", seed, 0.70 + 0.001 * seed))
+        results.append(row("student, forward-KL, x=1", 2, "kl_x", seed, 0.60))
     tc = OmegaConf.create(
         {
             "teacher": "t",
             "seeds": [0, 1],
             "overrides": [],
+            "variants": [{"name": "kl_x", "divergence": "kl", "overrides": ["x=1"]}],
             "few_step_sigma_min": [0.5],
             "samples": 100,
         }
@@ -165,4 +194,9 @@ def test_the_digits_report_means_over_seeds_a_floor_row_and_the_ordering(tmp_pat
     assert "by pixel C2ST" in notes and "forward-KL better (+0.2, p " in notes
     assert "by FD" in notes and "forward-KL within the seeds' spread (-0.1, p " in notes
     assert "by pixel recall" in notes and "forward-KL within the seeds' spread (+0, p 1)" in notes
-    assert "Best student by pixel C2ST: forward-KL, 0.700" in notes
+    # a variant is its own row, outside the ordering and the best of the divergences' rows
+    assert rows["student, forward-KL, x=1"]["NFE"] == 2
+    assert rows["student, forward-KL, x=1"]["CIFAR-10 FID (paper)"] is None
+    assert "Best student by pixel C2ST: forward-KL, pixel C2ST 0.70" in notes
+    assert "pixel recall 0.805 = 1.00x the teacher's 0.805 at 35 NFE" in notes
+    assert "student, forward-KL, x=1 (2 NFE): pixel C2ST 0.600 (target <= 0.65)" in notes
