@@ -133,10 +133,11 @@ def pyplot():
     the commands which never plot (a refused config, evaluation, a table's checks) should
     not pay.
     """
+    # on first use, not at module level (above)
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg"), which must come first
 
     return plt
 

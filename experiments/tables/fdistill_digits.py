@@ -4,15 +4,15 @@ The teacher is an ``experiments.train`` run of the digits (``table.teacher``, or
 job trained here into ``<run_dir>/teacher``); each student is an ``experiments.distill``
 run of the preset ``experiment=fdistill_digits`` (``<run_dir>/runs/<name>_seed<s>``,
 resumed or reused if present), one per divergence and seed, and one per entry of
-``table.variants`` (a divergence with extra overrides, e.g. the refining stage) and seed. Rows: the teacher at 35 NFE
-(Heun) and at few NFE (DPM-Solver++(2M), each at the best of ``table.few_step_sigma_min``:
-the EDM grid's lowest positive level before the final step to 0, chosen by FD), the
-students, and the floor of each metric (draws of training images); columns: FD in
-classifier features against the test digits, the classifier two-sample test and recall in
-pixels and in features, the copy rate, and the paper's CIFAR-10 FID (Xu, Nie and Vahdat
-2025, Table 2) for reference; notes check the paper's ordering (the divergences weighting
-where the teacher has more mass beat reverse-KL) against the spread over seeds. The module
-runs the library and reports; every number comes from
+``table.variants`` (a divergence with extra overrides, e.g. the refining stage) and seed.
+Rows: the teacher at 35 NFE (Heun) and at few NFE (DPM-Solver++(2M), each at the best of
+``table.few_step_sigma_min``: the EDM grid's lowest positive level before the final step to
+0, chosen by FD), the students, and the floor of each metric (draws of training images);
+columns: FD in classifier features against the test digits, the classifier two-sample test
+and recall in pixels and in features, the copy rate, and the paper's CIFAR-10 FID (Xu, Nie
+and Vahdat 2025, Table 2) for reference; notes check the paper's ordering (the divergences
+weighting where the teacher has more mass beat reverse-KL) against the spread over seeds.
+The module runs the library and reports; every number comes from
 ``experiments.runs.evaluation.evaluate_images``.
 """
 

@@ -23,6 +23,7 @@ and wall time. This module only runs the library and writes the results.
 from __future__ import annotations
 
 import json
+import textwrap
 import time
 from pathlib import Path
 
@@ -30,6 +31,7 @@ import jax
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.runs.layout import pyplot, save_figure
 from experiments.tables.common import check_seeds, seed_cell
 from scorelib._io import atomic_write_text
 from scorelib.data.targets import ManyWellTarget, make_target
@@ -289,15 +291,7 @@ def fmt_wall(runs) -> str:
 def make_figure(samples: dict, targets: dict, path: Path) -> None:
     """Samples of the first seed per row (mixture: both coordinates; many-well: the two
     well coordinates)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import textwrap
-
-    import matplotlib.pyplot as plt
-
-    from scorelib._io import atomic_open
-
+    plt = pyplot()
     n_cols = 5
     lines = {name: -(-len(rows) // n_cols) for name, rows in samples.items()}
     fig, axes = plt.subplots(
@@ -320,7 +314,4 @@ def make_figure(samples: dict, targets: dict, path: Path) -> None:
         for j in range(len(rows), lines[name] * n_cols):
             axes[first_line + j // n_cols, j % n_cols].axis("off")
         first_line += lines[name]
-    fig.tight_layout()
-    with atomic_open(path, "wb") as f:
-        fig.savefig(f, dpi=120, format="png")
-    plt.close(fig)
+    save_figure(fig, path)

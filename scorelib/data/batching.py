@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from scorelib._checks import check_int, check_real, require
+from scorelib.data.images import uniform_dequantise
 from scorelib.keys import example_keys
 
 Array = Any
@@ -120,8 +121,6 @@ def get_dequantised_batch(
     Raises:
       ValueError: as :func:`get_batch`, or for ``delta <= 0``.
     """
-    from scorelib.data.images import uniform_dequantise
-
     delta = check_real(delta, "delta", low=0.0, low_open=True, high_open=True)
     x = get_batch(data, batch_size, seed=seed, step=step, process_index=process_index)
     keys = batch_keys(batch_size, seed=seed, step=step, process_index=process_index)

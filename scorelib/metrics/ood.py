@@ -177,6 +177,7 @@ def fit_norm_density(
 
     Source: Mahmood et al., ICLR 2021, Sec. 4 (the GMM auxiliary model).
     """
+    # scikit-learn takes about 1 s to import: paid on first use only
     from sklearn.mixture import GaussianMixture
 
     a = _check_features(norms, "norms")
@@ -221,6 +222,7 @@ def auroc(scores_in: Array, scores_out: Array) -> float:
     Raises:
       ValueError: naming ``scores_in`` / ``scores_out`` if not a non-empty 1-D finite array.
     """
+    # scikit-learn takes about 1 s to import: paid on first use only
     from sklearn.metrics import roc_auc_score
 
     arrays = []

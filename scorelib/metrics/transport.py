@@ -28,6 +28,7 @@ def exact_w2(x, y) -> float:
     require(
         bool(np.all(np.isfinite(a)) and np.all(np.isfinite(b))), "samples", "finite", "NaN or inf"
     )
+    # POT takes about 1.5 s to import: paid on first use only
     import ot
 
     cost = ot.dist(a, b, metric="sqeuclidean")

@@ -35,6 +35,7 @@ def default_classifier(seed: int = 0):
     perceptron of the simulation-based-inference C2ST (two hidden layers of ``10 d``
     units, early stopping) had not finished these four tests after 4 minutes.
     """
+    # scikit-learn takes about 1 s to import: paid on first use only
     from sklearn.ensemble import HistGradientBoostingClassifier
 
     return HistGradientBoostingClassifier(random_state=seed)
@@ -89,6 +90,7 @@ def c2st(a, b, *, folds: int = 5, seed: int = 0, classifier=None, paired: bool =
       ValueError: for sets of different sizes or example shapes, non-finite values, or
         ``folds`` out of range.
     """
+    # scikit-learn takes about 1 s to import: paid on first use only
     from sklearn.base import clone
     from sklearn.model_selection import KFold, StratifiedKFold, cross_val_predict
 

@@ -36,6 +36,7 @@ from scorelib.objectives.base import REDUCTIONS, Objective, example_draws, reduc
 from scorelib.objectives.weights import edm_weight
 from scorelib.processes.base import broadcast_to_data
 from scorelib.processes.noise_levels import log_normal_sigma
+from scorelib.scores import EmpiricalScore, NeighbourScore
 from scorelib.scores.smoothed import SmoothedScore
 
 Array = Any
@@ -149,8 +150,6 @@ def smoothed_score_matching(
     Raises:
       ValueError: naming ``objective.<field>``, before anything is compiled.
     """
-    from scorelib.scores import EmpiricalScore, NeighbourScore
-
     check_real(sigma_s, "objective.sigma_s", low=0.0)
     check_int(M, "objective.M", low=1)
     require(isinstance(redraw, bool), "objective.redraw", "a bool", redraw)

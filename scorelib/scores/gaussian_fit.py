@@ -145,6 +145,7 @@ def fit_kmeans_mixture(
     Raises:
       ValueError: for bad data, ``n_components`` outside ``[1, n]`` or a negative ridge.
     """
+    # scikit-learn takes about 1 s to import: paid on first use only
     from sklearn.cluster import KMeans
 
     x, data_shape = _as_matrix(data)

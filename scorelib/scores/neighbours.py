@@ -235,6 +235,7 @@ def faiss_index(data: np.ndarray, kind: str, nlist, nprobe, hnsw_m, ef_search):
       ValueError: naming ``score.nlist``, ``score.nprobe``, ``score.hnsw_m`` or
         ``score.ef_search``.
     """
+    # loaded (with its OpenMP runtime) only where a search runs
     import faiss
 
     n, d = data.shape

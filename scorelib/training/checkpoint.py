@@ -59,6 +59,7 @@ from etils.epath import gpath
 from orbax.checkpoint import checkpoint_managers as ocp_managers
 
 from scorelib._checks import check_int, require
+from scorelib.training.state import TrainState
 
 FORMAT_VERSION = 1
 UNREADABLE_DIR = "unreadable"
@@ -561,8 +562,6 @@ class Checkpointer:
           CheckpointError: the checkpoint (every checkpoint when ``step`` is ``None``) is
             unreadable.
         """
-        from scorelib.training.state import TrainState
-
         if isinstance(abstract_params, TrainState):
             abstract_params = abstract_params.params
         abstract_params = jax.tree.map(

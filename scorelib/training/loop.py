@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
 from scorelib._checks import check_choice, check_int
@@ -117,8 +118,6 @@ MAX_UNSYNCED_MULTI_DEVICE = 10
 def _agreed_signal(signum: int | None) -> int | None:
     """The signal of the lowest-numbered process that received one (a collective: every
     process calls it at the same step), or ``None``."""
-    from jax.experimental import multihost_utils
-
     got = np.asarray(multihost_utils.process_allgather(np.int32(signum or 0)))
     got = got[got > 0]
     return int(got[0]) if got.size else None

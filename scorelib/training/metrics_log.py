@@ -49,6 +49,7 @@ class MetricsWriter:
         self._f = open(self.path, "a")
         self._tb = None
         if tensorboard:
+            # only with tensorboard=True
             from tensorboardX import SummaryWriter
 
             purge = start_step + 1 if start_step > 0 else None

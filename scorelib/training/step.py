@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import optax
 
 from scorelib._checks import require
+from scorelib.scores import NetworkScore
 from scorelib.training.ema import EMA, ema_update
 from scorelib.training.state import TrainState
 
@@ -52,7 +53,6 @@ def network_source(
     sigma_data, dropout_key, sigma_fisher)``; the key is passed only when ``dropout`` is
     true.
     """
-    from scorelib.scores import NetworkScore
 
     def make_source(params, dropout_key):
         return NetworkScore(

@@ -26,7 +26,6 @@ def test_fmt_and_pm():
     assert common.pm(1.23456, 0.01) == "1.23 ± 0.01"
 
 
-
 def test_seed_cell_and_check_seeds():
     """The one cell every multi-seed table reports (numpy's population std written out) and
     the one check of ``table.seeds`` every table runs."""
@@ -38,6 +37,7 @@ def test_seed_cell_and_check_seeds():
     for bad in ([], [0, 0], [-1], [0.5]):
         with pytest.raises(ValueError, match="table.seeds"):
             common.check_seeds(bad)
+
 
 def test_write_report_md_csv_tex_metadata(tmp_path):
     result = {
