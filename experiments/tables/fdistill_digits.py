@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -422,9 +423,11 @@ def report(results: list, tc, teacher_dir: Path, fig: Path, chosen=None, run_dir
 
 
 def make_figure(samples: dict, path: Path) -> None:
+    """One panel per row of the table (``samples``: ``{label: [n, H, W, 1]}``), the label
+    wrapped above it."""
     plt = pyplot()
 
-    fig, axes = plt.subplots(1, len(samples), figsize=(2.2 * len(samples), 2.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(samples), figsize=(2.2 * len(samples), 2.8), squeeze=False)
     for ax, (name, x) in zip(axes[0], samples.items(), strict=True):
         n = int(np.ceil(np.sqrt(len(x))))
         h, w = x.shape[1:3]
@@ -435,6 +438,6 @@ def make_figure(samples: dict, path: Path) -> None:
                 np.clip(img[..., 0], -1, 1) + 1
             ) / 2
         ax.imshow(canvas, cmap="gray", vmin=0, vmax=1)
-        ax.set_title(name, fontsize=6)
+        ax.set_title(textwrap.fill(name, 36), fontsize=6)
         ax.axis("off")
     save_figure(fig, path, dpi=120)
