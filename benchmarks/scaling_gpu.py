@@ -49,6 +49,7 @@ from hydra import compose, initialize_config_dir
 from train_timing import best_block_seconds
 
 from experiments.runs import DistillRun, ScoreRun, train_run
+from experiments.runs.base import MATMUL_PRECISION
 from experiments.schema import register_configs
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -84,11 +85,15 @@ def peak_gib() -> float | None:
 
 def revision() -> str:
     here = Path(__file__).resolve().parent
-    git = lambda *c: subprocess.run(  # noqa: E731
-        ["git", *c], cwd=here, capture_output=True, text=True
-    ).stdout.strip()
-    rev = git("rev-parse", "--short", "HEAD") or "unknown"
-    return rev + (" (dirty)" if git("status", "--porcelain") else "")
+
+    def git(*c):  # "" where there is no git or no repository (a copied tree)
+        try:
+            return subprocess.run(["git", *c], cwd=here, capture_output=True, text=True).stdout
+        except OSError:
+            return ""
+
+    rev = git("rev-parse", "--short", "HEAD").strip() or "unknown"
+    return rev + (" (dirty)" if git("status", "--porcelain").strip() else "")
 
 
 def bench_train(over: list[str], run_dir: Path, steps: int, repeats: int) -> tuple[dict, object]:
@@ -177,6 +182,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--distill-cycles", type=int, default=4, help="student/critic cycles timed")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument(
+        "--precision",
+        choices=["highest", "tensorfloat32", "bfloat16"],
+        default=MATMUL_PRECISION,
+        help="float32 matmul precision for the whole benchmark (default: the runs' "
+        f"{MATMUL_PRECISION!r}, full float32; tensorfloat32: TF32 tensor cores on NVIDIA "
+        "GPUs; bfloat16: JAX's DEFAULT, one bfloat16 pass)",
+    )
+    p.add_argument(
         "--cpu-smoke", action="store_true", help="every path at tiny sizes on any backend"
     )
     a = p.parse_args(argv)
@@ -212,7 +225,8 @@ def main(argv=None) -> None:
     dev = jax.local_devices()[0]
     print(
         f"# {dev.device_kind} ({dev.platform}, 1 of {jax.device_count()} devices), "
-        f"jax {jax.__version__}, revision {revision()}, {platform.node()}"
+        f"jax {jax.__version__}, revision {revision()}, {platform.node()}, "
+        f"matmul precision {a.precision}"
         + (", --cpu-smoke (tiny sizes: the figures mean nothing)" if a.cpu_smoke else ""),
         flush=True,
     )
@@ -220,6 +234,8 @@ def main(argv=None) -> None:
     with (
         tempfile.TemporaryDirectory() as tmp,
         initialize_config_dir(config_dir=str(CONFIGS), version_base=None),
+        # the thread-local setting outranks the global one that every run sets
+        jax.default_matmul_precision(a.precision),
     ):
         data = Path(tmp) / "cifar10.npz"  # the layout data=npz reads (docs/clusters.md)
         rng = np.random.default_rng(0)
