@@ -8,6 +8,8 @@ compilation's ``mmap`` fails and XLA dies with a segmentation fault instead of a
 keeps the count at a few thousand, and the guard below names the module if it ever grows
 near the limit again.
 
+Every test computes float32 matmuls in full float32, on a GPU too (below).
+
 The suite shares one persistent XLA compilation cache (``.pytest_cache/jax`` of the
 checkout, empty on a fresh clone): the entry-point tests start many ``python -m
 experiments.*`` processes that compile the same train steps and samplers, and each test
@@ -30,6 +32,11 @@ os.environ.setdefault(
     "JAX_COMPILATION_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".pytest_cache/jax")
 )
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+# float32 matmuls in full float32 on every backend, as every run sets
+# (experiments/runs/base.py, MATMUL_PRECISION). XLA:CPU computes them so anyway; on a GPU
+# JAX's default is a TF32 pass, under which tests/samplers/test_samplers_accuracy.py failed
+# on an H200 (residual variance 2.7e-8 against its bound 1e-8; BENCHMARKS.md, "GPU").
+os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
