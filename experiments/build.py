@@ -406,12 +406,20 @@ def make_ema(tc: DictConfig) -> training.EMA:
     )
 
 
+#: ``trainer.matmul_precision``: JAX's names (``jax_default_matmul_precision``) for float32
+#: matmuls in full float32, in one TF32 pass and in one bfloat16 pass.
+MATMUL_PRECISIONS = ("highest", "tensorfloat32", "bfloat16")
+
+
 def check_trainer(tc: DictConfig) -> None:
     """Raise ValueError naming the ``trainer.<field>`` out of range."""
     for field in ("steps", "batch_size", "log_every", "ckpt_every", "keep_last"):
         check_int(tc[field], f"trainer.{field}", low=1)
     check_int(tc.seed, "trainer.seed", low=0)
     check_choice(tc.nonfinite, "trainer.nonfinite", NONFINITE_MODES)
+    check_choice(
+        tc.get("matmul_precision", "highest"), "trainer.matmul_precision", MATMUL_PRECISIONS
+    )
     if tc.get("keep_every") is not None:
         check_int(tc.keep_every, "trainer.keep_every", low=1)
     if tc.get("ema_decay") is not None:

@@ -357,6 +357,10 @@ class TrainerConfig:
     ema_rampup_ratio: float | None = None
     ema_warmup: bool = True  # ramp the EMA decay up from 0 (a short run is never garbage)
     nonfinite: str = "stop"  # stop | skip
+    # float32 matmuls of the run's training and sampling: highest (full float32) |
+    # tensorfloat32 | bfloat16 (one TF32 / bfloat16 pass: GPUs and TPUs; XLA:CPU computes
+    # float32 whatever the setting). BENCHMARKS.md, "GPU": TF32 trains 3.9x faster on an H200
+    matmul_precision: str = "highest"
 
 
 #: ``trainer`` fields that do not change the trained model: they are not part of a

@@ -44,14 +44,23 @@ from experiments.runs.layout import (
 )
 from scorelib import parallel, training
 
-#: ``jax_default_matmul_precision`` of every run: float32 matmuls in full float32 (no
-#: TF32 or bf16 passes on GPUs, which lose digits in scores and likelihoods).
+#: ``jax_default_matmul_precision`` of a run unless its ``trainer.matmul_precision`` says
+#: otherwise: float32 matmuls in full float32 (no TF32 or bf16 passes on GPUs, which lose
+#: digits in scores and likelihoods; EDM's training sets ``allow_tf32 = False`` likewise).
 MATMUL_PRECISION = "highest"
 
 
-def configure_jax() -> None:
-    """Set the run-wide JAX options (:data:`MATMUL_PRECISION`); idempotent."""
-    jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION)
+def configure_jax(precision: str = MATMUL_PRECISION) -> None:
+    """Set the process-wide JAX options: float32 matmuls at ``precision`` (one of
+    ``experiments.build.MATMUL_PRECISIONS``, checked by the run's config); idempotent."""
+    jax.config.update("jax_default_matmul_precision", precision)
+
+
+def run_precision(cfg: DictConfig) -> str:
+    """The run's ``trainer.matmul_precision`` (:data:`MATMUL_PRECISION` for a run written
+    before the field existed, or a config without ``trainer``)."""
+    trainer = cfg.get("trainer") or {}
+    return trainer.get("matmul_precision") or MATMUL_PRECISION
 
 
 @dataclasses.dataclass
@@ -243,7 +252,8 @@ class TrainedRun(Run):
     @classmethod
     def load(cls, run_dir, step: int | None = None, sampler_cfg: DictConfig | None = None):
         """``(run, state)``: the run of ``run_dir``'s ``config.yaml`` and its state at
-        checkpoint ``step`` (default: the newest readable one).
+        checkpoint ``step`` (default: the newest readable one). Sets JAX's float32 matmul
+        precision to the run's ``trainer.matmul_precision``.
 
         Args:
           run_dir: a directory written by ``experiments.train`` or ``experiments.distill``.
@@ -256,6 +266,8 @@ class TrainedRun(Run):
         """
         configure_jax()
         run = cls.prepare(run_dir, step, sampler_cfg)
+        # after prepare: a distillation's teacher, loaded there, set its own
+        configure_jax(run_precision(run.cfg))
         return run, run.restore(Path(run_dir), step)
 
     @classmethod
@@ -382,6 +394,9 @@ def train_run(
     are written and :func:`scorelib.training.train` runs under an exclusive lock on
     ``run_dir``, saving and requeueing on a cluster's stop signals.
 
+    JAX's float32 matmul precision is the run's ``trainer.matmul_precision`` from here on
+    (the run's final sampling included).
+
     Several processes (``srun`` tasks, or explicit ``cluster.*`` settings) all run this:
     data-parallel over every device of every process; process 0 alone writes
     ``run_info.json``, ``config.yaml``, the logs and holds the lock, and all of them save
@@ -406,7 +421,9 @@ def train_run(
     configure_jax()
     run_dir = Path(run_dir)
     mesh = start_devices(cfg)
-    run = kind.build(cfg, mesh)
+    run = kind.build(cfg, mesh)  # checks trainer.matmul_precision
+    # after build: a distillation's teacher, loaded there, set its own
+    configure_jax(run_precision(cfg))
     lead = jax.process_index() == 0
     if lead:
         run.announce()

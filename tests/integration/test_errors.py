@@ -24,6 +24,11 @@ BAD_COMMANDS = [
     (R, ["table=tsm_low_noise", "table.foo=1"], "table.foo"),
     (R, ["table=tsm_low_noise", "+table.foo=1"], "table.foo is not a field of table=tsm_low_noise"),
     (T, ["trainer.ema_decay=1.5"], "trainer.ema_decay must be a number in [0.0, 1.0)"),
+    (
+        T,
+        ["trainer.matmul_precision=tf32"],
+        "trainer.matmul_precision must be one of ['highest', 'tensorfloat32', 'bfloat16']",
+    ),
     # Hydra's own: group options, fields, types, syntax, mandatory values
     (T, ["process=vpp"], "process must be one of ['custom', 'edm', 'ou', 'subvp', 've', 'vp']"),
     (T, ["proces=vp"], "did you mean process?"),
