@@ -15,11 +15,13 @@ uint8 in a temporary ``.npz``: no data set is needed, a step costs the same):
    preset's 2048 is the global batch of 8 GPUs), timed over whole cycles of
    ``distill.student_every`` steps (one student, the rest critic steps);
 
-each with the device's peak memory after it (``memory_stats()["peak_bytes_in_use"]``, a
-running peak). Printed as a markdown table with the device, jax version, revision and
-wall time. The defaults are sized from the first run on a GPU (an H200, BENCHMARKS.md,
-"GPU"): most of the time is XLA compiling the three programs (at ``highest`` 120 s for the
-train step alone), and at TF32 the whole script took 223 s with smaller blocks.
+each with its FLOP rate (XLA's cost analysis of the lowered step, and of one network
+evaluation times the NFE for sampling) and the device's peak memory after it
+(``memory_stats()["peak_bytes_in_use"]``, a running peak). Printed as a markdown table with
+the device, jax version, matmul precision, revision and wall time. The defaults are sized
+from the first run on a GPU (an H200, BENCHMARKS.md, "GPU"): most of the time is XLA
+compiling the three programs (at ``highest`` 120 s for the train step alone), and at TF32
+the whole script took 223 s with smaller blocks.
 
     make install-cuda && make bench-gpu        # = .venv/bin/python benchmarks/scaling_gpu.py
     .venv/bin/python benchmarks/scaling_gpu.py [--train-steps 30] [--sample-batch 512]
@@ -84,6 +86,19 @@ def peak_gib() -> float | None:
     return None if peak is None else peak / 2**30
 
 
+def flops(fn, *args) -> float | None:
+    """XLA's count of the floating-point operations of one call ``fn(*args)`` (its cost
+    analysis of the lowered program; nothing runs), or None where the backend gives none."""
+    cost = jax.jit(fn).lower(*args).cost_analysis()
+    cost = cost[0] if isinstance(cost, list | tuple) else cost  # older jax: one per device
+    value = (cost or {}).get("flops")
+    return None if value is None or value <= 0 else float(value)
+
+
+def tflops(count: float | None, per_s: float) -> str:
+    return "" if count is None else f"{count * per_s / 1e12:.3g}"
+
+
 def revision() -> str:
     here = Path(__file__).resolve().parent
 
@@ -111,6 +126,7 @@ def bench_train(over: list[str], run_dir: Path, steps: int, repeats: int) -> tup
         "what": f"train: EDM U-Net {cfg.model.channels} ch {list(cfg.model.channel_mult)}, "
         f"{params / 1e6:.1f}M params, batch {batch}",
         "rate": f"{steps / best:.2f} steps/s ({steps * batch / best:.0f} images/s)",
+        "tflops": tflops(flops(run.step_fn, state), steps / best),
         "first_s": compile_s,
         "peak": peak_gib(),
     }
@@ -134,10 +150,15 @@ def bench_sample(run, state, batch: int, repeats: int) -> dict:
         t0 = time.perf_counter()
         draw()
         best = min(best, time.perf_counter() - t0)
+    # one network evaluation (network and preconditioning) of the whole batch
+    x, sigma = jax.numpy.zeros((batch, *shape)), jax.numpy.ones((batch,))
+    forward = flops(lambda p, x, s: run.source(p).denoiser(x, s), state.ema_params, x, sigma)
+    nfe = info.get("nfe")
     return {
         "what": f"sample: {run.sampling.name} {run.sampling.record.get('steps')} steps "
-        f"(NFE {info.get('nfe')}), batch {batch}",
+        f"(NFE {nfe}), batch {batch}",
         "rate": f"{batch / best:.1f} samples/s",
+        "tflops": tflops(None if forward is None or nfe is None else forward * nfe, 1 / best),
         "first_s": first,
         "peak": peak_gib(),
     }
@@ -170,6 +191,7 @@ def bench_distill(over: list[str], cycles: int, repeats: int) -> dict:
         "what": f"distill: fdistill_cifar10 ({cfg.distill.divergence}, disc_width "
         f"{cfg.distill.disc_width}, student every {every}), batch {batch}",
         "rate": f"{n / best:.2f} steps/s ({n * batch / best:.0f} images/s)",
+        "tflops": "",  # student and critic steps differ: not one count
         "first_s": first,
         "peak": peak_gib(),
     }
@@ -256,11 +278,14 @@ def main(argv=None) -> None:
         ]
         rows.append(bench_distill(over, a.distill_cycles, a.repeats))
         print(rows[-1], flush=True)
-    print("\n| benchmark | rate | first call (compile) s | peak GiB (device 0, running) |")
-    print("|---|---|---|---|")
+    print(
+        "\n| benchmark | rate | TFLOP/s (XLA's count) | first call (compile) s "
+        "| peak GiB (device 0, running) |"
+    )
+    print("|---|---|---:|---:|---:|")
     for r in rows:
         peak = "n/a" if r["peak"] is None else f"{r['peak']:.2f}"
-        print(f"| {r['what']} | {r['rate']} | {r['first_s']:.0f} | {peak} |")
+        print(f"| {r['what']} | {r['rate']} | {r['tflops']} | {r['first_s']:.0f} | {peak} |")
     print(f"\ntotal wall time {time.perf_counter() - t_all:.0f} s; load {os.getloadavg()}")
 
 
