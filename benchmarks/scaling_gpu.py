@@ -16,7 +16,8 @@ uint8 in a temporary ``.npz``: no data set is needed, a step costs the same):
    ``distill.student_every`` steps (one student, the rest critic steps);
 
 each with its FLOP rate (XLA's cost analysis of the lowered step, and of one network
-evaluation times the NFE for sampling) and the device's peak memory after it
+evaluation times the NFE for sampling; none for the distillation, whose student and critic
+steps are two programs of different cost) and the device's peak memory after it
 (``memory_stats()["peak_bytes_in_use"]``, a running peak). Printed as a markdown table with
 the device, jax version, matmul precision, revision and wall time. The defaults are sized
 from the first run on a GPU (an H200, BENCHMARKS.md, "GPU"): most of the time is XLA

@@ -468,7 +468,8 @@ def train_run(
     if lead and done > 0:  # wall time of the loop: compilation, steps, logs, checkpoints
         wall = time.perf_counter() - t0
         per_step = 1000 * wall / done
-        print(f"trained {done} steps in {wall:.0f} s ({per_step:.1f} ms per step with compiling)")
+        steps = f"{done} step" + ("s" if done != 1 else "")
+        print(f"trained {steps} in {wall:.0f} s ({per_step:.1f} ms per step with compiling)")
     return run, state
 
 
