@@ -52,8 +52,8 @@ import numpy as np
 from hydra import compose, initialize_config_dir
 from train_timing import best_block_seconds
 
-from experiments.runs import DistillRun, ScoreRun, train_run
-from experiments.runs.base import MATMUL_PRECISION
+from experiments.build import MATMUL_PRECISION, MATMUL_PRECISIONS
+from experiments.runs import DistillRun, ScoreRun, configure_jax, train_run
 from experiments.schema import register_configs
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -97,6 +97,7 @@ def flops(fn, *args) -> float | None:
 
 
 def tflops(count: float | None, per_s: float) -> str:
+    """``count`` FLOPs ``per_s`` times a second, in TFLOP/s for the table ("" if unknown)."""
     return "" if count is None else f"{count * per_s / 1e12:.3g}"
 
 
@@ -169,6 +170,7 @@ def bench_distill(over: list[str], cycles: int, repeats: int) -> dict:
     """Steps/s of the distillation of ``over`` over ``cycles`` whole student/critic cycles."""
     cfg = compose("distill", overrides=over)
     run = DistillRun.build(cfg)
+    configure_jax(cfg.trainer.matmul_precision)  # as train_run does after building
     step, state = run.step_fn, run.state
     every = int(cfg.distill.student_every)
     t0 = time.perf_counter()
@@ -207,9 +209,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument(
         "--precision",
-        choices=["highest", "tensorfloat32", "bfloat16"],
+        choices=MATMUL_PRECISIONS,
         default=MATMUL_PRECISION,
-        help="float32 matmul precision for the whole benchmark (default: the runs' "
+        help="trainer.matmul_precision of the benchmark's runs (default: "
         f"{MATMUL_PRECISION!r}, full float32; tensorfloat32: TF32 tensor cores on NVIDIA "
         "GPUs; bfloat16: JAX's DEFAULT, one bfloat16 pass)",
     )
@@ -258,13 +260,13 @@ def main(argv=None) -> None:
     with (
         tempfile.TemporaryDirectory() as tmp,
         initialize_config_dir(config_dir=str(CONFIGS), version_base=None),
-        # the thread-local setting outranks the global one that every run sets
-        jax.default_matmul_precision(a.precision),
     ):
         data = Path(tmp) / "cifar10.npz"  # the layout data=npz reads (docs/clusters.md)
         rng = np.random.default_rng(0)
         np.savez(data, images=rng.integers(0, 256, (1024, 32, 32, 3), dtype=np.uint8))
-        teacher = [*TEACHER, f"data.path={data}", *(SMOKE_TEACHER if a.cpu_smoke else [])]
+        precision = f"trainer.matmul_precision={a.precision}"
+        teacher = [*TEACHER, f"data.path={data}", precision]
+        teacher += SMOKE_TEACHER if a.cpu_smoke else []
         row, (run, state) = bench_train(teacher, Path(tmp) / "teacher", a.train_steps, a.repeats)
         rows.append(row)
         print(row, flush=True)
@@ -275,6 +277,7 @@ def main(argv=None) -> None:
             *DISTILL,
             f"teacher.run_dir={Path(tmp) / 'teacher'}",
             f"trainer.batch_size={a.distill_batch}",
+            precision,
             *(SMOKE_DISTILL if a.cpu_smoke else []),
         ]
         rows.append(bench_distill(over, a.distill_cycles, a.repeats))

@@ -409,6 +409,10 @@ def make_ema(tc: DictConfig) -> training.EMA:
 #: ``trainer.matmul_precision``: JAX's names (``jax_default_matmul_precision``) for float32
 #: matmuls in full float32, in one TF32 pass and in one bfloat16 pass.
 MATMUL_PRECISIONS = ("highest", "tensorfloat32", "bfloat16")
+#: A run's precision unless its ``trainer.matmul_precision`` says otherwise: full float32
+#: (no TF32 or bf16 passes on GPUs, which lose digits in scores and likelihoods; EDM's
+#: training sets ``allow_tf32 = False`` likewise).
+MATMUL_PRECISION = MATMUL_PRECISIONS[0]
 
 
 def check_trainer(tc: DictConfig) -> None:
@@ -418,7 +422,7 @@ def check_trainer(tc: DictConfig) -> None:
     check_int(tc.seed, "trainer.seed", low=0)
     check_choice(tc.nonfinite, "trainer.nonfinite", NONFINITE_MODES)
     check_choice(
-        tc.get("matmul_precision", "highest"), "trainer.matmul_precision", MATMUL_PRECISIONS
+        tc.get("matmul_precision", MATMUL_PRECISION), "trainer.matmul_precision", MATMUL_PRECISIONS
     )
     if tc.get("keep_every") is not None:
         check_int(tc.keep_every, "trainer.keep_every", low=1)

@@ -30,7 +30,7 @@ import jax
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.build import Data
+from experiments.build import MATMUL_PRECISION, Data
 from experiments.common import write_run_info
 from experiments.runs.cluster import start_devices, train_loop
 from experiments.runs.evaluation import evaluate_and_write, load_samples
@@ -44,15 +44,10 @@ from experiments.runs.layout import (
 )
 from scorelib import parallel, training
 
-#: ``jax_default_matmul_precision`` of a run unless its ``trainer.matmul_precision`` says
-#: otherwise: float32 matmuls in full float32 (no TF32 or bf16 passes on GPUs, which lose
-#: digits in scores and likelihoods; EDM's training sets ``allow_tf32 = False`` likewise).
-MATMUL_PRECISION = "highest"
-
 
 def configure_jax(precision: str = MATMUL_PRECISION) -> None:
     """Set the process-wide JAX options: float32 matmuls at ``precision`` (one of
-    ``experiments.build.MATMUL_PRECISIONS``, checked by the run's config); idempotent."""
+    :data:`experiments.build.MATMUL_PRECISIONS`, checked by the run's config); idempotent."""
     jax.config.update("jax_default_matmul_precision", precision)
 
 
