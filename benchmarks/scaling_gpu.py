@@ -238,6 +238,13 @@ def refusal(backend: str, smoke: bool) -> str | None:
     )
 
 
+def print_row(r: dict) -> None:
+    """One row of the markdown table (``r``: a ``bench_*`` result)."""
+    peak = "n/a" if r["peak"] is None else f"{r['peak']:.2f}"
+    cells = (r["what"], r["rate"], r["tflops"], f"{r['first_s']:.0f}", peak)
+    print("| " + " | ".join(map(str, cells)) + " |", flush=True)
+
+
 def main(argv=None) -> None:
     a = parse_args(argv)
     # one accelerator: the first GPU unless the caller chose (read when JAX starts its
@@ -256,7 +263,12 @@ def main(argv=None) -> None:
         + (", --cpu-smoke (tiny sizes: the figures mean nothing)" if a.cpu_smoke else ""),
         flush=True,
     )
-    rows = []
+    # the table's rows as each benchmark finishes (a run cut short keeps the rows it has)
+    print(
+        "\n| benchmark | rate | TFLOP/s (XLA's count) | first call (compile) s "
+        "| peak GiB (device 0, running) |"
+    )
+    print("|---|---|---:|---:|---:|", flush=True)
     with (
         tempfile.TemporaryDirectory() as tmp,
         initialize_config_dir(config_dir=str(CONFIGS), version_base=None),
@@ -268,10 +280,8 @@ def main(argv=None) -> None:
         teacher = [*TEACHER, f"data.path={data}", precision]
         teacher += SMOKE_TEACHER if a.cpu_smoke else []
         row, (run, state) = bench_train(teacher, Path(tmp) / "teacher", a.train_steps, a.repeats)
-        rows.append(row)
-        print(row, flush=True)
-        rows.append(bench_sample(run, state, a.sample_batch, a.repeats))
-        print(rows[-1], flush=True)
+        print_row(row)
+        print_row(bench_sample(run, state, a.sample_batch, a.repeats))
         del run, state
         over = [
             *DISTILL,
@@ -280,16 +290,7 @@ def main(argv=None) -> None:
             precision,
             *(SMOKE_DISTILL if a.cpu_smoke else []),
         ]
-        rows.append(bench_distill(over, a.distill_cycles, a.repeats))
-        print(rows[-1], flush=True)
-    print(
-        "\n| benchmark | rate | TFLOP/s (XLA's count) | first call (compile) s "
-        "| peak GiB (device 0, running) |"
-    )
-    print("|---|---|---:|---:|---:|")
-    for r in rows:
-        peak = "n/a" if r["peak"] is None else f"{r['peak']:.2f}"
-        print(f"| {r['what']} | {r['rate']} | {r['tflops']} | {r['first_s']:.0f} | {peak} |")
+        print_row(bench_distill(over, a.distill_cycles, a.repeats))
     print(f"\ntotal wall time {time.perf_counter() - t_all:.0f} s; load {os.getloadavg()}")
 
 
