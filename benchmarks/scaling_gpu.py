@@ -88,14 +88,14 @@ def peak_gib() -> float | None:
 
 
 def flops(fn, *args) -> float | None:
-    """XLA's count of the floating-point operations of one call ``fn(*args)`` (nothing
-    runs), or None where the backend gives none. The CPU counts the lowered program; a GPU
-    (jax 0.11.2) only the compiled one, which JAX serves from memory where ``fn`` (jitted
-    already, e.g. a run's ``step_fn``) has been called with such arguments."""
-    lowered = (fn if hasattr(fn, "lower") else jax.jit(fn)).lower(*args)
-    cost = lowered.cost_analysis()
-    if cost is None:
-        cost = lowered.compile().cost_analysis()
+    """XLA's count of the floating-point operations of one call ``fn(*args)`` (its cost
+    analysis of the lowered program; nothing runs), or None where the backend gives none.
+
+    A GPU gives none (jax 0.11.2 on an H200): its client analyses compiled programs only,
+    and there the convolutions and matmuls are cuDNN/cuBLAS calls that the analysis does
+    not count (1.4 of the 67.8 GFLOP per image of the U-Net train step). The column is
+    then left blank rather than wrong; BENCHMARKS.md gives the CPU's count beside it."""
+    cost = jax.jit(fn).lower(*args).cost_analysis()
     cost = cost[0] if isinstance(cost, list | tuple) else cost  # older jax: one per device
     value = (cost or {}).get("flops")
     return None if value is None or value <= 0 else float(value)
