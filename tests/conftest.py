@@ -8,7 +8,8 @@ compilation's ``mmap`` fails and XLA dies with a segmentation fault instead of a
 keeps the count at a few thousand, and the guard below names the module if it ever grows
 near the limit again.
 
-Every test computes float32 matmuls in full float32, on a GPU too (below).
+Every test computes float32 matmuls in full float32, on a GPU too, and compiles XLA:CPU
+code at LLVM's O1 (below).
 
 The suite shares one persistent XLA compilation cache (``.pytest_cache/jax`` of the
 checkout, empty on a fresh clone): the entry-point tests start many ``python -m
@@ -37,6 +38,16 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 # JAX's default is a TF32 pass, under which tests/samplers/test_samplers_accuracy.py failed
 # on an H200 (residual variance 2.7e-8 against its bound 1e-8; BENCHMARKS.md, "GPU").
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
+# XLA:CPU generates code with LLVM's O1 instead of its default O3 (appended to any XLA_FLAGS
+# given; subprocesses inherit it, scorelib.parallel.local keeps it, the Slurm tests' jobs get
+# it). The suite spends much of its time compiling programs it runs a few times: at O1 a
+# random draw of a small conv kernel compiles in 0.16 s instead of about 1 s, the test U-Net's
+# train step in 18 s instead of 33, for code that runs about 20% slower; `make test` took
+# 1081 s instead of 1222 on the same 2 cores (docs/development.md). The two levels compute
+# the same numbers to float32 rounding (tests/test_optimisation_level.py).
+SUITE_XLA_LEVEL = "--xla_backend_optimization_level=1"
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {SUITE_XLA_LEVEL}".strip()
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

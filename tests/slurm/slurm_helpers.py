@@ -69,7 +69,16 @@ class Slurm:
             if k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SUBMITIT_")) and k != "SLURM_CONF":
                 del self.env[k]
         self.env.pop("HYDRA_FULL_ERROR", None)
+        # the jobs get the suite's XLA:CPU optimisation level (tests/conftest.py), not the
+        # outer environment's other XLA flags (a test's device count)
+        level = [
+            f
+            for f in os.environ.get("XLA_FLAGS", "").split()
+            if f.startswith("--xla_backend_optimization_level=")
+        ]
         self.env.pop("XLA_FLAGS", None)
+        if level:
+            self.env["XLA_FLAGS"] = level[-1]
 
     def cmd(self, *args, check=True, **kw) -> subprocess.CompletedProcess:
         proc = subprocess.run(
