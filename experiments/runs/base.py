@@ -422,6 +422,10 @@ def train_run(
     lead = jax.process_index() == 0
     if lead:
         run.announce()
+        precision = run_precision(cfg)
+        # said on GPUs and TPUs; XLA:CPU computes float32 dots in float32 whatever the setting
+        if precision != MATMUL_PRECISION or jax.default_backend() != "cpu":
+            print(f"float32 matmuls: {precision} (trainer.matmul_precision)", flush=True)
     check_same_run(run_dir, cfg)
     # a new run's start (init_from's checkpoint) is checked before the lock makes run_dir
     fresh = None if saved_steps(run_dir) else run.initial_state()

@@ -164,13 +164,13 @@ def _dot_precisions(run, state) -> set[str]:
 
 
 def test_matmul_precision_reaches_the_train_step_and_a_loaded_run(
-    tmp_path, restore_matmul_precision
+    tmp_path, restore_matmul_precision, capsys
 ):
     """trainer.matmul_precision (BENCHMARKS.md, "GPU": TF32 trains the CIFAR-10 U-Net 3.9x
     faster on an H200) is the precision of every dot of the compiled train step, and loading
     the run (experiments.sample / evaluate, a distillation's teacher) sets it again; the
     default is full float32. XLA:CPU computes float32 either way, so the check reads the
-    lowered program."""
+    lowered program. The run says its precision where it is not the default (on a CPU)."""
     from compose_train import compose_train
 
     from experiments.runs import ScoreRun, load_run, train_run
@@ -183,6 +183,8 @@ def test_matmul_precision_reaches_the_train_step_and_a_loaded_run(
             ScoreRun, cfg, tmp_path / precision, progress=False, tensorboard=False
         )
         assert _dot_precisions(run, state) == {hlo_name}
+        said = "float32 matmuls: tensorfloat32 (trainer.matmul_precision)"
+        assert (said in capsys.readouterr().out) == (precision == "tensorfloat32")
         jax.config.update("jax_default_matmul_precision", "bfloat16")  # another run's
         load_run(tmp_path / precision)
         assert jax.config.jax_default_matmul_precision == precision
