@@ -62,8 +62,12 @@ class Slurm:
             "PYTHONUNBUFFERED": "1",
             "JAX_PLATFORMS": "cpu",
             "SCORELIB_PYTHON": sys.executable,
-            "JAX_COMPILATION_CACHE_DIR": str(cache),
-            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            # the suite's persistent compilation cache (tests/conftest.py), shared with the
+            # other tests' processes; ``cache`` where the suite sets none
+            "JAX_COMPILATION_CACHE_DIR": os.environ.get("JAX_COMPILATION_CACHE_DIR", str(cache)),
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": os.environ.get(
+                "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0"
+            ),
         }
         for k in list(self.env):
             if k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SUBMITIT_")) and k != "SLURM_CONF":
