@@ -42,9 +42,9 @@ os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 # given; subprocesses inherit it, scorelib.parallel.local keeps it, the Slurm tests' jobs get
 # it). The suite spends much of its time compiling programs it runs a few times: at O1 a
 # random draw of a small conv kernel compiles in 0.16 s instead of about 1 s, the test U-Net's
-# train step in 18 s instead of 33, for code that runs about 20% slower; `make test` took
-# 1081 s instead of 1222 on the same 2 cores (docs/development.md). The two levels compute
-# the same numbers to float32 rounding (tests/test_optimisation_level.py).
+# train step in 18 s instead of 33, for code that runs about 20% slower (docs/development.md
+# gives the suite's times). The two levels compute the same numbers to float32 rounding
+# (tests/test_optimisation_level.py).
 SUITE_XLA_LEVEL = "--xla_backend_optimization_level=1"
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {SUITE_XLA_LEVEL}".strip()
