@@ -22,15 +22,17 @@ install: $(STAMP)
 install-cuda: $(STAMP)
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,cuda]'
 
-# Two pytest workers (pytest-xdist), each test file on one worker so that module fixtures
-# (a trained toy run, the local Slurm) are built once: XLA compiles on one thread, so two
-# workers use the 2 cores that a serial run leaves half idle. JOBS=0 runs in one process.
-JOBS    ?= 2
+# Three pytest workers (pytest-xdist), each test file on one worker so that module fixtures
+# (a trained toy run, the local Slurm) are built once. XLA compiles on one thread and many
+# tests wait on subprocesses, Slurm or signals, so on 2 cores three workers finish first
+# (the whole suite 879 s against 960 s with two, docs/development.md); the slowest modules
+# go first (tests/conftest.py, SLOWEST_MODULES). JOBS=0 runs in one process.
+JOBS    ?= 3
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile --durations=15 tests
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile --no-loadscope-reorder --durations=15 tests
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile -m "not slow" tests
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile --no-loadscope-reorder -m "not slow" tests
 
 # The tests of the Slurm path on a real single-node Slurm (root; they skip with the reason
 # where Slurm is not installed: apt-get install slurm-wlm slurmdbd munge mariadb-server).
