@@ -121,7 +121,9 @@ SLOWEST_MODULES = {
 def pytest_collection_modifyitems(items):
     """Longest first: the modules of :data:`SLOWEST_MODULES`, then the others by their
     number of tests (a stable sort: each module's tests keep their order)."""
-    modules = [item.nodeid.split("::")[0] for item in items]
-    counts = Counter(modules)
-    order = {id(item): (-SLOWEST_MODULES.get(m, 0), -counts[m]) for item, m in zip(items, modules)}
-    items.sort(key=lambda item: order[id(item)])
+
+    def module(item):
+        return item.nodeid.split("::")[0]
+
+    counts = Counter(map(module, items))
+    items.sort(key=lambda item: (-SLOWEST_MODULES.get(module(item), 0), -counts[module(item)]))
