@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
@@ -99,10 +100,22 @@ def fisher_preconditioned_score(
 
 
 def _network_output(graphdef, params, x_ve, c, rngs):
-    """``F(c_in x; c_noise)`` for the coefficients ``c`` (``[batch, *data_shape]``)."""
+    """``F(c_in x; c_noise)`` for the coefficients ``c`` (``[batch, *data_shape]``).
+
+    One noise level for the whole batch (a scalar ``sigma``: what the samplers pass) and no
+    dropout: the network runs under ``jax.vmap`` over the examples with ``c_noise`` left
+    unbatched, so that its noise embedding (Fourier features and the layers that read them
+    alone) is computed once per call instead of once per example; its layers on ``x`` are
+    the same batched matmuls and convolutions. The network must treat each example on its
+    own (as every sampler assumes); a random draw inside it would be shared by the batch,
+    hence not with ``rngs``.
+    """
     net = nnx.merge(graphdef, params)
+    x_in = broadcast_to_data(c.c_in, x_ve) * x_ve
+    if jnp.ndim(c.c_noise) == 0 and rngs is None:
+        return jax.vmap(lambda x: net(x[None], c.c_noise[None])[0])(x_in)
     c_noise = jnp.broadcast_to(c.c_noise, (x_ve.shape[0],))
-    return net(broadcast_to_data(c.c_in, x_ve) * x_ve, c_noise, rngs=rngs)
+    return net(x_in, c_noise, rngs=rngs)
 
 
 class NetworkScore(ScoreSource):

@@ -1,6 +1,7 @@
 """EDM preconditioning and the network score source (Karras et al. 2022, Table 1, eq. 7)."""
 
 import math
+import re
 
 import closed_forms
 import jax
@@ -9,8 +10,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from scorelib.nets.local import LocalMLP
 from scorelib.nets.mlp import MLP
 from scorelib.nets.precond import edm_precond, fisher_precond
+from scorelib.nets.unet import UNet
 from scorelib.objectives import weights
 from scorelib.objectives.weights import edm_weight
 from scorelib.processes import EDM, VP, SubVP
@@ -127,6 +130,46 @@ def test_network_time_shapes():
             denoiser_fn(src, x, bad)
         with pytest.raises(ValueError, match="shape"):
             score_fn(src, x, bad)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: MLP((4, 4, 1), width=16, depth=2, emb_dim=8, rngs=nnx.Rngs(0)),
+        lambda: LocalMLP((4, 4, 1), local_width=8, width=16, emb_dim=8, rngs=nnx.Rngs(0)),
+        lambda: UNet(
+            (4, 4, 1),
+            channels=8,
+            channel_mult=(1, 2),
+            num_res_blocks=1,
+            attn_resolutions=(),
+            rngs=nnx.Rngs(0),
+        ),
+    ],
+    ids=["mlp", "local_mlp", "unet"],
+)
+def test_one_noise_level_for_the_batch_embeds_it_once(make):
+    """A scalar ``t`` (the samplers' call) gives the outputs of the same level given per
+    example, and the network's noise embedding is computed once: no ``cos`` in the
+    program has the batch's size (5) in its shape (with ``t: [batch]`` every one does)."""
+    graphdef, params = nnx.split(make(), nnx.Param)
+    src = NetworkScore(process=EDM(), graphdef=graphdef, params=params)
+    x = jax.random.normal(jax.random.key(7), (5, 4, 4, 1))
+    for t in (0.02, 1.3, 40.0):
+        np.testing.assert_allclose(
+            denoiser_fn(src, x, t), denoiser_fn(src, x, jnp.full((5,), t)), rtol=1e-6, atol=1e-6
+        )
+
+    def cos_shapes(t):  # the shapes of every cos in the program, nested ones included
+        text = str(jax.make_jaxpr(lambda x, t: src.denoiser(x, t))(x, t))
+        return [
+            tuple(map(int, filter(None, m.split(","))))
+            for m in re.findall(r"f32\[([\d,]*)\] = cos", text)
+        ]
+
+    per_example, scalar = cos_shapes(jnp.full((5,), 1.3)), cos_shapes(jnp.float32(1.3))
+    assert per_example and all(5 in s for s in per_example), per_example
+    assert scalar and not any(5 in s for s in scalar), scalar
 
 
 def test_dropout_only_with_a_key():
