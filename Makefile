@@ -25,7 +25,7 @@ install-cuda: $(STAMP)
 # Three pytest workers (pytest-xdist), each test file on one worker so that module fixtures
 # (a trained toy run, the local Slurm) are built once. XLA compiles on one thread and many
 # tests wait on subprocesses, Slurm or signals, so on 2 cores three workers finish first
-# (the whole suite 879 s against 960 s with two, docs/development.md); the slowest modules
+# (pytest 879 s against 960 s with two, docs/development.md); the slowest modules
 # go first (tests/conftest.py, SLOWEST_MODULES). JOBS=0 runs in one process.
 JOBS    ?= 3
 test: $(STAMP)
