@@ -23,10 +23,10 @@ install-cuda: $(STAMP)
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,cuda]'
 
 # Three pytest workers (pytest-xdist), each test file on one worker so that module fixtures
-# (a trained toy run, the local Slurm) are built once. XLA compiles on one thread and many
-# tests wait on subprocesses, Slurm or signals, so on 2 cores three workers finish first
-# (pytest 879 s against 960 s with two, docs/development.md); the slowest modules
-# go first (tests/conftest.py, SLOWEST_MODULES). JOBS=0 runs in one process.
+# (a trained toy run, the local Slurm) are built once. On 2 cores three workers finish
+# first (measured: pytest 879 s against 960 s with two, four within noise of three;
+# docs/development.md); the slowest modules go first (tests/conftest.py, SLOWEST_MODULES).
+# JOBS=0 runs in one process.
 JOBS    ?= 3
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile --no-loadscope-reorder --durations=15 tests
