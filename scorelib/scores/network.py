@@ -103,12 +103,12 @@ def _network_output(graphdef, params, x_ve, c, rngs):
     """``F(c_in x; c_noise)`` for the coefficients ``c`` (``[batch, *data_shape]``).
 
     One noise level for the whole batch (a scalar ``sigma``: what the samplers pass) and no
-    dropout: the network runs under ``jax.vmap`` over the examples with ``c_noise`` left
-    unbatched, so that its noise embedding (Fourier features and the layers that read them
-    alone) is computed once per call instead of once per example; its layers on ``x`` are
-    the same batched matmuls and convolutions. The network must treat each example on its
-    own (as every sampler assumes); a random draw inside it would be shared by the batch,
-    hence not with ``rngs``.
+    dropout: the network runs under ``jax.vmap`` over the examples (``x: [1, *data_shape]``
+    inside) with the same ``c_noise: [1]`` for all of them (not mapped), so that its noise
+    embedding (Fourier features and the layers that read them alone) is computed once per
+    call instead of once per example; its layers on ``x`` are the same batched matmuls and
+    convolutions. The network must treat each example on its own (as every sampler
+    assumes); a random draw inside it would be shared by the batch, hence not with ``rngs``.
     """
     net = nnx.merge(graphdef, params)
     x_in = broadcast_to_data(c.c_in, x_ve) * x_ve
