@@ -80,7 +80,7 @@ def test_training_says_whether_it_worked(tmp_path, monkeypatch):
     r = run_inprocess("train", *args)
     assert r.code == 0, r.stderr[-3000:]
     assert "| samples |" in r.stdout
-    assert "| another draw of the data, as many points (floor) |" in r.stdout
+    assert "| other draws of the data, as many points (floor; mean +- std of 8) |" in r.stdout
     assert "| prior draws (baseline) |" in r.stdout
     out = tmp_path / "outputs/toy_dsm/samples/step50/euler_maruyama_100_n1000_seed0"
     result = json.loads((out / "eval.json").read_text())
@@ -96,7 +96,7 @@ def test_a_training_free_toy_prints_its_copy_rate(tmp_path):
     )
     assert r.code == 0, r.stderr[-3000:]
     assert "Memorisation of the 50 training points: copy rate" in r.stdout
-    assert "(floor)" in r.stdout
+    assert "(floor; mean +- std of 8)" in r.stdout
 
 
 def test_a_user_npz_run_is_evaluated_without_a_classifier(tmp_path):
