@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import logging
 from typing import Any
 
 import jax
@@ -212,12 +213,37 @@ def component_kwargs(node: DictConfig, group: str) -> tuple[str, dict]:
                 )
             if kwargs.get(key) is None:
                 kwargs.pop(key, None)  # not given: the class's default
-    try:
-        cls = get_object(target)
-    except Exception as e:  # noqa: BLE001 - Hydra raises ImportError or its own
-        raise ValueError(f"{group}._target_ must be an importable class; got {target!r}") from e
+    cls = _import_target(target, group)
     _check_arguments(cls, kwargs, group, target)
     return target, kwargs
+
+
+def _import_target(target: str, group: str):
+    """The class or function ``target`` names, through Hydra's ``get_object`` with its
+    logger silenced: Hydra logs an ERROR block before raising, and the error here says the
+    same in one line.
+
+    Raises:
+      ValueError: ``<group>._target_ must be an importable class or function`` with
+        Hydra's reason, for a missing module or name, or a module.
+    """
+    log = logging.getLogger("hydra.utils")
+    disabled, log.disabled = log.disabled, True
+    try:
+        obj = get_object(target)
+    except Exception as e:  # noqa: BLE001 - Hydra raises ImportError or its own
+        reason = "; ".join(line for line in str(e).splitlines()[1:] if line) or str(e)
+        raise ValueError(
+            f"{group}._target_ must be an importable class or function; got {target!r} ({reason})"
+        ) from e
+    finally:
+        log.disabled = disabled
+    if not callable(obj):
+        raise ValueError(
+            f"{group}._target_ must be an importable class or function; got {target!r}, a "
+            f"{type(obj).__name__}"
+        )
+    return obj
 
 
 def _check_arguments(cls, kwargs: dict, group: str, target: str, passed=()) -> None:

@@ -31,6 +31,7 @@ from experiments.runs.evaluation import (
     load_samples,
     sample_meta,
 )
+from experiments.runs.layout import display_path
 from experiments.schema import register_configs
 
 register_configs()
@@ -84,7 +85,7 @@ def run_evaluation(cfg: DictConfig) -> dict:
         cache_dir=cfg.cache_dir,
         source=source,
         prior=prior,
-        title=f"{data_cfg.name}: {path}",
+        title=f"{data_cfg.name}: {display_path(path)}",
         extra={"samples": str(path)},
         rows=rows,
         nfe=meta.get("nfe"),

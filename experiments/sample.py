@@ -27,6 +27,7 @@ from omegaconf import DictConfig
 
 from experiments.common import clean_errors, hydra_app
 from experiments.runs import TrainingFreeRun, configure_jax, read_config, run_kind
+from experiments.runs.layout import display_path
 from experiments.schema import register_configs
 
 register_configs()
@@ -58,7 +59,7 @@ def run_sampling(cfg: DictConfig) -> Path:
     kind, sampler = sampler_of(cfg)
     run, state = kind.load(cfg.run_dir, step=cfg.step, sampler_cfg=sampler)
     out = run.save_samples(state, Path(cfg.run_dir), use_ema=cfg.use_ema)
-    print(f"samples: {out}")
+    print(f"samples: {display_path(out)}")
     return out
 
 

@@ -37,6 +37,7 @@ from experiments.runs.evaluation import evaluate_and_write, load_samples
 from experiments.runs.identity import check_same_run, exclusive
 from experiments.runs.layout import (
     count_nonfinite,
+    display_path,
     read_config,
     samples_dir,
     save_samples,
@@ -311,7 +312,7 @@ class TrainedRun(Run):
         x = load_samples(out / "samples.npz")
         prior = np.asarray(self.process.prior_sample(jax.random.key(seed), x.shape))
         return evaluate_and_write(
-            x, self.data, out, seed=seed, prior=prior, title=f"{self.cfg.name}: {out}"
+            x, self.data, out, seed=seed, prior=prior, title=f"{self.cfg.name}: {display_path(out)}"
         )
 
     @classmethod
@@ -493,9 +494,9 @@ def train_and_sample(kind: type[TrainedRun], cfg: DictConfig, run_dir: Path) -> 
     run, state = train_run(kind, cfg, run_dir)
     if jax.process_index() == 0:
         out = run.save_samples(state, run_dir)
-        print(f"run directory: {run_dir}\nsamples: {out}")
+        print(f"run directory: {display_path(run_dir)}\nsamples: {display_path(out)}")
         if run.data.images is None:  # points: the evaluation takes a second, show it
             run.evaluate_samples(out)
         else:
-            print(f"evaluate them: python -m experiments.evaluate run_dir={run_dir}")
+            print(f"evaluate them: python -m experiments.evaluate run_dir={display_path(run_dir)}")
     return run_dir

@@ -24,7 +24,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from experiments.build import Data
-from experiments.runs.layout import count_nonfinite
+from experiments.runs.layout import count_nonfinite, display_path
 from scorelib._checks import check_int
 from scorelib._io import atomic_write_text
 from scorelib.data.images import quantise
@@ -543,7 +543,7 @@ def describe_samples(path: Path) -> str:
     ``path`` were drawn, from the ``samples.json`` beside them (just the path without one)."""
     meta = sample_meta(path)
     if not meta:
-        return str(path)
+        return display_path(path)
     sampler = meta.get("sampler") or {}
     parts = [str(sampler.get("name", "?"))]
     if sampler.get("steps") is not None:
@@ -552,7 +552,7 @@ def describe_samples(path: Path) -> str:
         parts.append(f"checkpoint step {meta['checkpoint_step']}")
     if "use_ema" in meta:
         parts.append("EMA weights" if meta["use_ema"] else "raw weights")
-    return f"{path} ({', '.join(parts)})"
+    return f"{display_path(path)} ({', '.join(parts)})"
 
 
 def evaluate_and_write(

@@ -86,7 +86,7 @@ def samples_dir(run_dir: str | Path, name: str, step: int | None = None) -> Path
 def display_path(path: Path) -> str:
     """``path`` relative to the working directory when it is below it."""
     try:
-        return str(Path(path).resolve().relative_to(Path.cwd()))
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(path)
 

@@ -39,7 +39,7 @@ from omegaconf import DictConfig, OmegaConf
 from experiments import build, schema
 from experiments.runs.base import Run
 from experiments.runs.evaluation import evaluate_and_write
-from experiments.runs.layout import fmt_value, samples_name
+from experiments.runs.layout import display_path, fmt_value, samples_name
 from experiments.runs.score import check_sampler, sampler_name_parts
 from scorelib._checks import check_choice, check_int, require
 from scorelib.data import toy_sample
@@ -355,7 +355,7 @@ class TrainingFreeRun(Run):
             seed=s.seed,
             prior=prior,
             train=None if self.data.images is not None or self.train is None else self.train,
-            title=f"{self.cfg.name}: {out}",
+            title=f"{self.cfg.name}: {display_path(out)}",
             extra=cost if "target_evaluations" in cost else None,
         )
         return out
