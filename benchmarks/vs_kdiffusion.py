@@ -33,6 +33,11 @@ matmul's forward ``2 m n k``, its weight gradient ``2 m n k`` and its input grad
 ``2 m n k`` except where the input is not differentiated (the network's first layers), so
 a bit under 3x the forward; XLA's own count (``cost_analysis``) is printed beside it.
 
+The bounds, beside each fraction of the peak: "forward alone" is the denoiser forward's
+own FLOP rate (no sampler can run its NFE faster), "forward and backward alone" the loss's
+value and gradients on fixed inputs (:func:`bare_grads`: no draws, clipping, Adam or EMA;
+no training step can run faster), each framework's against its own peak.
+
 Threads: torch runs ``torch.set_num_threads`` of the CPUs the process may use; XLA:CPU sizes
 its pool the same way. Both are printed with the load (``os.getloadavg``) before and after
 each part. On a machine other work shares, ``taskset -c 1 ... --cpu-time`` compares the two
@@ -304,6 +309,8 @@ def sample_batch(src, tmodel, fwd, grid, batch, repeats, kd) -> list[dict]:
                 k_fwd_ms=t_fwd["torch"] * 1e3,
                 fwd_ratio=t_fwd["jax"] / t_fwd["torch"],
                 per_nfe_over_fwd=ts / nfe / t_fwd["jax"],
+                fwd_gflops=flops * batch / t_fwd["jax"] / 1e9,
+                k_fwd_gflops=flops * batch / t_fwd["torch"] / 1e9,
                 k_per_nfe_over_fwd=tk / nfe / t_fwd["torch"],
                 gflops=flops * batch * nfe / ts / 1e9,
                 k_gflops=flops * batch * nfe / tk / 1e9,
@@ -440,6 +447,39 @@ def check_same_denoiser(model, tmodel, x0) -> None:
         raise SystemExit(f"denoisers differ: max |dD| {err:.2e} ({type(model).__name__})")
 
 
+def bare_grads(model, tmodel, x0):
+    """``(jax_fn, torch_fn)``: the EDM loss's value and parameter gradients on fixed inputs
+    (``x0``, one draw of sigma and noise), without the batch draw, clipping, Adam or the
+    EMA: the network's own forward and backward, the bound on a training step's FLOP
+    rate."""
+    rng = np.random.default_rng(3)
+    view = (-1,) + (1,) * (x0.ndim - 1)
+    sigma = np.exp(-1.2 + 1.2 * rng.normal(size=len(x0))).astype(np.float32)
+    x = (x0 + sigma.reshape(view) * rng.normal(size=x0.shape)).astype(np.float32)
+    g, params = nnx.split(model, nnx.Param)
+    sd = SIGMA_DATA
+
+    def loss(params, x, sigma, x0):
+        src = NetworkScore(process=EDM(), graphdef=g, params=params, sigma_data=sd)
+        d = src.denoiser(x, sigma)
+        weight = (sigma**2 + sd**2) / (sigma * sd) ** 2
+        return jnp.mean(weight * jnp.mean(((d - x0) ** 2).reshape(len(x0), -1), axis=1))
+
+    grad = jax.jit(jax.value_and_grad(loss))
+    xj, sj, x0j = jnp.asarray(x), jnp.asarray(sigma), jnp.asarray(x0)
+    xt, st, x0t = torch.from_numpy(x), torch.from_numpy(sigma), torch.from_numpy(x0)
+    tparams = [q for q in tmodel.parameters() if q.requires_grad]
+
+    def torch_grad():
+        for q in tparams:
+            q.grad = None
+        d = tmodel(xt, st)
+        weight = (st**2 + sd**2) / (st * sd) ** 2
+        (weight * ((d - x0t) ** 2).flatten(1).mean(1)).mean().backward()
+
+    return (lambda: jax.block_until_ready(grad(params, xj, sj, x0j))), torch_grad
+
+
 def bench_train(name, model, data, batch, matmuls, steps, repeats, tmodel) -> dict:
     opt = make_optimizer(lr=1e-3, warmup_steps=200, grad_clip=1.0)
     graphdef, state = init_state(model, opt, seed=0)
@@ -462,8 +502,25 @@ def bench_train(name, model, data, batch, matmuls, steps, repeats, tmodel) -> di
         for _ in range(steps):
             tstep()
 
+    jax_bare, torch_bare = bare_grads(model, tmodel, np.asarray(data[:batch]))
+
+    def bare(f):
+        def block():
+            for _ in range(steps):
+                f()
+
+        return block
+
     l0 = load()
-    t = interleaved({"jax": jax_block, "torch": torch_block}, repeats)
+    t = interleaved(
+        {
+            "jax": jax_block,
+            "torch": torch_block,
+            "jax-bare": bare(jax_bare),
+            "torch-bare": bare(torch_bare),
+        },
+        repeats,
+    )
     l1 = load()
     flops = step_flops(matmuls)
     row = dict(
@@ -476,12 +533,15 @@ def bench_train(name, model, data, batch, matmuls, steps, repeats, tmodel) -> di
         xla_gflop_per_step=xla / 1e9,
         gflops=flops * steps / t["jax"] / 1e9,
         torch_gflops=flops * steps / t["torch"] / 1e9,
+        bare_gflops=flops * steps / t["jax-bare"] / 1e9,
+        torch_bare_gflops=flops * steps / t["torch-bare"] / 1e9,
         load=(l0, l1),
     )
     print(
         f"  {name}: scorelib {row['steps_per_s']:.1f} steps/s, torch "
         f"{row['torch_steps_per_s']:.1f}; {flops / 1e9:.3f} GFLOP/step (XLA counts "
-        f"{xla / 1e9:.3f}); load {l0:.1f}-{l1:.1f}",
+        f"{xla / 1e9:.3f}); forward and backward alone {row['bare_gflops']:.0f} and "
+        f"{row['torch_bare_gflops']:.0f} GFLOP/s; load {l0:.1f}-{l1:.1f}",
         flush=True,
     )
     return row
@@ -593,9 +653,10 @@ def main() -> None:
         print(
             "| batch | sampler | NFE | us/sample scorelib | us/sample k-diffusion | ratio | "
             "forward ms scorelib / torch (ratio) | per NFE / forward: scorelib, k-diffusion | "
-            "GFLOP/s scorelib, k-diffusion | of peak: jax, torch | load |"
+            "GFLOP/s scorelib, k-diffusion | of peak: jax, torch | "
+            "forward alone, of peak: jax, torch | load |"
         )
-        print("|---:|---|---:|---:|---:|---:|---|---|---|---|---|")
+        print("|---:|---|---:|---:|---:|---:|---|---|---|---|---|---|")
         for r in out["sample"]:
             print(
                 f"| {r['batch']} | {r['sampler']} | {r['nfe']} | {r['us_per_sample']:.2f} | "
@@ -603,14 +664,16 @@ def main() -> None:
                 f"{r['k_fwd_ms']:.3f} ({r['fwd_ratio']:.3f}) | {r['per_nfe_over_fwd']:.3f}, "
                 f"{r['k_per_nfe_over_fwd']:.3f} | {r['gflops']:.0f}, {r['k_gflops']:.0f} | "
                 f"{r['gflops'] / pj:.2f}, {r['gflops'] / pt:.2f} | "
+                f"{r['fwd_gflops'] / pj:.2f}, {r['k_fwd_gflops'] / pt:.2f} | "
                 f"{r['load'][0]:.1f}-{r['load'][1]:.1f} |"
             )
     if "train" in out:
         print(
             "\n| network | batch | steps/s scorelib | steps/s torch | time ratio | "
-            "GFLOP/step (XLA's count) | GFLOP/s scorelib, torch | of peak: jax, torch | load |"
+            "GFLOP/step (XLA's count) | GFLOP/s scorelib, torch | of peak: jax, torch | "
+            "forward and backward alone, of peak: jax, torch | load |"
         )
-        print("|---|---:|---:|---:|---:|---|---|---|---|")
+        print("|---|---:|---:|---:|---:|---|---|---|---|---|")
         for r in out["train"]:
             print(
                 f"| {r['network']} | {r['batch']} | {r['steps_per_s']:.1f} | "
@@ -618,6 +681,7 @@ def main() -> None:
                 f"{r['gflop_per_step']:.3f} ({r['xla_gflop_per_step']:.3f}) | "
                 f"{r['gflops']:.0f}, {r['torch_gflops']:.0f} | {r['gflops'] / pj:.2f}, "
                 f"{r['gflops'] / pt:.2f} | "
+                f"{r['bare_gflops'] / pj:.2f}, {r['torch_bare_gflops'] / pt:.2f} | "
                 f"{r['load'][0]:.1f}-{r['load'][1]:.1f} |"
             )
     if args.json:
