@@ -33,10 +33,13 @@ matmul's forward ``2 m n k``, its weight gradient ``2 m n k`` and its input grad
 ``2 m n k`` except where the input is not differentiated (the network's first layers), so
 a bit under 3x the forward; XLA's own count (``cost_analysis``) is printed beside it.
 
-The bounds, beside each fraction of the peak: "forward alone" is the denoiser forward's
-own FLOP rate (no sampler can run its NFE faster), "forward and backward alone" the loss's
-value and gradients on fixed inputs (:func:`bare_grads`: no draws, clipping, Adam or EMA;
-no training step can run faster), each framework's against its own peak.
+References beside each fraction of the peak, each framework's against its own peak:
+"forward alone" is the FLOP rate of the denoiser forward timed above (one call per
+dispatch, the whole batch, XLA's default options), and "forward and backward alone" the
+loss's value and gradients on fixed inputs (:func:`bare_grads`: no draws, clipping, Adam
+or EMA). They are separate programs, not strict bounds: a sampler dispatches once for all
+its steps and runs its network in CPU blocks under its own compiler option, so at small
+batches it beats the forward alone.
 
 Threads: torch runs ``torch.set_num_threads`` of the CPUs the process may use; XLA:CPU sizes
 its pool the same way. Both are printed with the load (``os.getloadavg``) before and after
@@ -450,8 +453,8 @@ def check_same_denoiser(model, tmodel, x0) -> None:
 def bare_grads(model, tmodel, x0):
     """``(jax_fn, torch_fn)``: the EDM loss's value and parameter gradients on fixed inputs
     (``x0``, one draw of sigma and noise), without the batch draw, clipping, Adam or the
-    EMA: the network's own forward and backward, the bound on a training step's FLOP
-    rate."""
+    EMA: the network's own forward and backward, the reference for a training step's
+    FLOP rate (a separately compiled program, which returns the gradients)."""
     rng = np.random.default_rng(3)
     view = (-1,) + (1,) * (x0.ndim - 1)
     sigma = np.exp(-1.2 + 1.2 * rng.normal(size=len(x0))).astype(np.float32)

@@ -307,8 +307,8 @@ def evaluate_points(
 
     One draw of the data is not a floor: its distances to ``reference`` spread by tens of
     percent from draw to draw at a few thousand points, so good samples land below a single
-    draw about half the time. The std over ``floors`` is that spread: samples within about
-    two stds of the floor's mean are as close to the reference as the data itself.
+    draw about half the time. The std over ``floors`` is that spread: samples at most about
+    two stds above the floor's mean are as close to the reference as the data itself.
 
     Args:
       samples: ``[n, d]``; reference: ``[m, d]``.
