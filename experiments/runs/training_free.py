@@ -14,8 +14,8 @@ sliced W2 against exact data beside another draw of the data and the prior for p
   ``cfdm_T<T>_S<S>_n<num>_seed<seed>[+<field>-<value>...]``;
 * ``score=rdmc``: reverse diffusion Monte Carlo's score of ``data=target``'s log-density
   (``scorelib/scores/rdmc.py``) on ``process=`` (``process=ou``, the paper's), drawn with
-  any registered sampler (its grid built on that process; ``scorelib.samplers.per_example``
-  binds the source's draws); samples named as a trained run's
+  any registered sampler (its grid built on that process; the sampler's driver binds the
+  source's draws to each example); samples named as a trained run's
   (``<sampler>_<steps>_n<num>_seed<seed>``) plus every score and process field that differs
   from its default; ``samples.json`` and the printed table report the target gradient and
   log-density evaluations per sample.
@@ -45,7 +45,7 @@ from scorelib._checks import check_choice, check_int, require
 from scorelib.data import toy_sample
 from scorelib.processes import Process
 from scorelib.processes.rectified import RectifiedFlow
-from scorelib.samplers import SAMPLERS, draw_samples, per_example
+from scorelib.samplers import SAMPLERS, draw_samples
 from scorelib.samplers.cfdm import cfdm_sample, cfdm_steps
 from scorelib.scores import EmpiricalScore, ReverseDiffusionScore
 from scorelib.scores.neighbours import NeighbourScore
@@ -141,7 +141,7 @@ class CFDMSampling:
 @dataclasses.dataclass(frozen=True)
 class RDMCSampling:
     """A registered sampler (``sampler=<name>``, its grid on the run's process) on a random
-    score source whose draws ``per_example`` binds to each call's examples, with the score
+    score source (the sampler's driver binds its draws to each block's examples), with the score
     and process fields that change the samples."""
 
     sampler: build.Sampling
@@ -176,7 +176,7 @@ class RDMCSampling:
         return samples_name(head, num_samples=self.num_samples, seed=self.seed, extras=extras)
 
     def __call__(self, source, key, shape, first_index=0, **kw):
-        return per_example(self.sampler)(source, key, shape, first_index=first_index, **kw)
+        return self.sampler(source, key, shape, first_index=first_index, **kw)
 
 
 def schema_defaults_of(group: str) -> dict:

@@ -7,8 +7,8 @@ theoretically and in practice."
 
 For each target of ``table.targets`` (a 2-D mixture of four separated modes, the 4-D
 many-well) and seed: rdMC samples (Euler-Maruyama on the reverse OU process of
-``scorelib.processes.ornstein_uhlenbeck(table.horizon)``, ``scorelib.samplers.per_example``
-binding the source's draws, each score a ``scorelib.scores.ReverseDiffusionScore`` of one
+``scorelib.processes.ornstein_uhlenbeck(table.horizon)``, the sampler's driver binding the
+source's draws to each example, each score a ``scorelib.scores.ReverseDiffusionScore`` of one
 ``table.variants`` entry), plain ULA and MALA chains from the OU prior
 (``scorelib.samplers.langevin_mcmc``) given the largest rdMC gradient count
 (``ReverseDiffusionScore.target_evaluations``; MALA also at ``table.long_budget`` times it),
@@ -41,7 +41,6 @@ from scorelib.samplers import (
     draw_samples,
     euler_maruyama,
     langevin_mcmc,
-    per_example,
     steps_for_budget,
     uniform_t_grid,
 )
@@ -154,7 +153,7 @@ def run_target(tc, name: str, spec, log) -> tuple[dict, dict, object]:
         for row, src in srcs.items():
             t0 = time.perf_counter()
             x, info = draw_samples(
-                per_example(euler_maruyama),
+                euler_maruyama,
                 src,
                 key,
                 (d,),

@@ -30,17 +30,18 @@ there. ``draw_samples`` draws any number of samples in batches (batch-size indep
 ``teleport`` starts any sampler from ``grid[k]`` in closed form;
 ``langevin_corrector`` runs the Langevin corrector alone. ``cfdm_sample`` is the sigma-CFDM
 sampler (Euler in rectified-flow time from an exact training-mixture draw; not a
-``StepRule``: see ``cfdm.py``), and ``per_example(sampler)`` runs any registered sampler
-on a random source (``SmoothedScore``, ``ReverseDiffusionScore``) with its draws bound to each
-example. ``langevin_mcmc`` is plain ULA/MALA on a target's log-density (``mcmc.py``), the
-baseline of reverse-diffusion Monte Carlo.
+``StepRule``: see ``cfdm.py``). Every registered sampler runs on a random source
+(``SmoothedScore``, ``ReverseDiffusionScore``) or a conditional one (class labels) as it is:
+the driver binds its draws and conditions to each block's examples
+(``source.for_examples``). ``langevin_mcmc`` is plain ULA/MALA on a target's log-density
+(``mcmc.py``), the baseline of reverse-diffusion Monte Carlo.
 
 **Adding a sampler**: a ``driver.StepRule`` subclass (options, stochastic property,
 option checks, default grid, NFE count, ``init``/``step``/``final``; see ``ode.py`` and
 ``sde.py``) and one line in ``SAMPLERS`` below.
 """
 
-from scorelib.samplers.cfdm import cfdm_sample, per_example
+from scorelib.samplers.cfdm import cfdm_sample
 from scorelib.samplers.draw import draw_samples
 from scorelib.samplers.driver import Sampler, StepRule
 from scorelib.samplers.grids import (
@@ -96,6 +97,5 @@ __all__ = [
     "corrector_step_size",
     "draw_samples",
     "cfdm_sample",
-    "per_example",
     "teleport",
 ]

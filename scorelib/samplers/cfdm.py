@@ -19,8 +19,9 @@ not VE levels, its start is a draw from the training set, and its source's smoot
 must follow the example index), so it is a function with the library's key rule instead:
 example ``b`` owns ``k_b = fold_in(key, first_index + b)``; its start index is
 ``randint(fold_in(k_b, 1))``, its start noise ``normal(fold_in(k_b, 2))`` and its smoothing
-draws come from ``fold_in(k_b, 0)`` (``scorelib/scores/smoothed.py``). Any other sampler
-runs on a :class:`~scorelib.scores.smoothed.SmoothedScore` through :func:`per_example`.
+draws come from ``fold_in(k_b, 0)`` (``scorelib/scores/smoothed.py``). Every registered sampler
+runs on a :class:`~scorelib.scores.smoothed.SmoothedScore` too: the driver binds its draws to
+each block's examples (``scorelib/samplers/driver.py``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import jax.numpy as jnp
 from scorelib._checks import check_int, check_real, require
 from scorelib.keys import example_keys
 from scorelib.processes.rectified import RectifiedFlow, flow_velocity, process_time
-from scorelib.scores.base import ScoreSource
 from scorelib.scores.empirical import EmpiricalScore
 from scorelib.scores.smoothed import SmoothedScore
 
@@ -132,19 +132,3 @@ def cfdm_sample(source, key, batch: int, *, T: float = 0.95, S: int = 100, first
     first_index = check_int(first_index, "first_index", low=0)
     x = _run(source, key, first_index, batch=batch, start=start, n=n, h=h)
     return x, {"nfe": n, "steps": n, "start": start}
-
-
-def per_example(sampler):
-    """``sampler`` with the draws of a random score source bound to each call's examples
-    (``source.for_examples(key, batch, first_index)``: the smoothing draws of a
-    :class:`SmoothedScore`, the inner chains of a ``ReverseDiffusionScore``; a no-op for a
-    deterministic source), so that every registered sampler, and ``draw_samples`` over many
-    batches, run on it with the key rule intact.
-    """
-
-    def sample(source, key, shape, *, first_index=0, **kwargs):
-        if isinstance(source, ScoreSource):
-            source = source.for_examples(key, int(shape[0]), first_index)
-        return sampler(source, key, shape, first_index=first_index, **kwargs)
-
-    return sample

@@ -24,8 +24,11 @@ call owns ``k_b = fold_in(key, first_index + b)`` (:func:`scorelib.keys.example_
 Its starting draw is ``normal(fold_in(k_b, 0), data_shape)``; scan index ``i`` (a grid
 step, or a noise level for annealed Langevin; 0-based) draws
 ``normal(fold_in(fold_in(k_b, i + 1), j), data_shape)`` for its ``j``-th noise vector
-(``j = 0`` first). So a sample does not depend on the batch it was drawn in, only on
-``key`` and its global index.
+(``j = 0`` first). The source is bound to the same examples before it is called,
+``source.for_examples(key, batch, first_index)`` (per block of examples on XLA:CPU): a
+random source's draws and a conditional source's labels follow the global index too. So a
+sample does not depend on the batch or block it was drawn in, only on ``key`` and its
+global index.
 
 Adding a sampler: write a ``StepRule`` subclass (``options``, ``stochastic`` or
 ``is_stochastic``, ``default_grid``, ``check``, ``nfe``, ``init``, ``scan_inputs``, ``step``,
@@ -311,36 +314,32 @@ def _sample(source, keys, grid, x_T, *, rule, opts, shape, final_zero, unroll):
 
 
 def _run(source, key, grid, x_T, first_index, *, rule, opts, shape, final_zero, unroll, chunk):
-    """The compiled sampler: the per-example keys, then :func:`_sample` on the whole batch,
-    or (``chunk`` set, smaller than the batch) on consecutive blocks of ``chunk`` examples
-    one after the other (``lax.map``) and the remainder. Every example owns its keys and a
-    denoiser treats examples independently, so the samples are those of one block.
-    ``opts`` is a sorted tuple of ``(name, value)`` (static)."""
-    keys = example_keys(key, shape[0], first_index)
+    """The compiled sampler: :func:`_sample` on the whole batch, or (``chunk`` set, smaller
+    than the batch) on consecutive blocks of ``chunk`` examples one after the other
+    (``lax.map``) and the remainder. Each block gets its own examples' keys and the source
+    bound to them, ``source.for_examples(key, block, first_index + offset)`` (a random
+    source's draws, a conditional source's labels; the source itself when it has neither),
+    so every example's result depends on ``key`` and its global index only, never on its
+    batch or block. ``opts`` is a sorted tuple of ``(name, value)`` (static)."""
     kw = dict(rule=rule, opts=opts, final_zero=final_zero, unroll=unroll)
     batch = shape[0]
+
+    def block(start, size, x0):
+        keys = example_keys(key, size, start)
+        bound = source.for_examples(key, size, start)
+        return _sample(bound, keys, grid, x0, shape=(size, *shape[1:]), **kw)
+
     if chunk is None or chunk >= batch:
-        return _sample(source, keys, grid, x_T, shape=shape, **kw)
+        return block(first_index, batch, x_T)
     n, rest = divmod(batch, chunk)
-    block = (chunk, *shape[1:])
     head = n * chunk
-
-    def one(args):
-        k, x0 = args
-        return _sample(source, k, grid, x0, shape=block, **kw)
-
-    xs = None if x_T is None else x_T[:head].reshape(n, *block)
-    out = jax.lax.map(one, (keys[:head].reshape(n, chunk), xs)).reshape(head, *shape[1:])
+    starts = first_index + chunk * jnp.arange(n, dtype=jnp.int32)
+    xs = None if x_T is None else x_T[:head].reshape(n, chunk, *shape[1:])
+    out = jax.lax.map(lambda a: block(a[0], chunk, a[1]), (starts, xs))
+    out = out.reshape(head, *shape[1:])
     if rest == 0:
         return out
-    tail = _sample(
-        source,
-        keys[head:],
-        grid,
-        None if x_T is None else x_T[head:],
-        shape=(rest, *shape[1:]),
-        **kw,
-    )
+    tail = block(first_index + head, rest, None if x_T is None else x_T[head:])
     return jnp.concatenate([out, tail])
 
 

@@ -170,9 +170,10 @@ class ScoreSource(struct.PyTreeNode):
         batch - 1`` of ``key`` (:func:`scorelib.keys.example_keys`).
 
         A deterministic source has no draws: this default returns ``self``. Random sources
-        (``SmoothedScore``, ``ReverseDiffusionScore``) hold the per-example keys;
-        ``scorelib.samplers.per_example(sampler)`` calls this with each sampler call's key,
-        batch and ``first_index``.
+        (``SmoothedScore``, ``ReverseDiffusionScore``) hold the per-example keys, conditional
+        sources (``scorelib.scores.conditional``) their examples' labels; every sampler's
+        driver calls this with the sampler's key for each block of examples it runs
+        (``scorelib/samplers/driver.py``). Must be jit-safe with a traced ``first_index``.
         """
         return self
 

@@ -36,7 +36,7 @@ verified here (``docs/rdmc.md``).
 
 A score source that is random. The source holds one key per example of the batch it will be
 called on (:meth:`ReverseDiffusionScore.for_examples`, by :func:`scorelib.keys.example_keys`,
-as :class:`~scorelib.scores.smoothed.SmoothedScore` does); ``scorelib.samplers.per_example``
+as :class:`~scorelib.scores.smoothed.SmoothedScore` does); every sampler's driver
 binds them to each sampler call's examples (``fold_in(key, first_index + b)``, the keys of the
 sampler's own draws). A query at time ``t`` draws from
 ``k_bt = fold_in(fold_in(k_b, 2^32 - 1), bits(t_b))`` (``bits``: the float32 bit pattern;
@@ -92,7 +92,7 @@ class ReverseDiffusionScore(ScoreSource):
     """rdMC's score of ``p_t`` for a target with a log-density (module docstring).
 
     Build with :meth:`create`, then bind keys with :meth:`for_examples` (samplers:
-    ``scorelib.samplers.per_example(sampler)`` does it per call).
+    every sampler's driver does it for each block of examples).
 
     Fields:
       target: the target (static; ``dim``, ``log_prob``, ``score``).

@@ -12,7 +12,7 @@ from sklearn.datasets import make_moons
 from scorelib.processes import EDM
 from scorelib.processes.rectified import RectifiedFlow
 from scorelib.samplers import GRIDS, SAMPLERS, draw_samples, edm_grid, get_sampler, make_grid
-from scorelib.samplers.cfdm import cfdm_sample, cfdm_steps, per_example
+from scorelib.samplers.cfdm import cfdm_sample, cfdm_steps
 from scorelib.scores import EmpiricalScore
 from scorelib.scores.smoothed import SmoothedScore
 
@@ -103,7 +103,7 @@ def test_every_registered_sampler_runs_on_a_smoothed_source(name):
     grid_name = get_sampler(name).default_grid
     top = {"sigma_max": p.sigma_max} if "sigma_max" in GRIDS[grid_name] else {}  # in p's range
     grid = make_grid(grid_name, 3, p, **top)
-    sampler = per_example(get_sampler(name))
+    sampler = get_sampler(name)
     key = jax.random.key(5)
     exact, _ = get_sampler(name)(tab, key, (4, 2), grid=grid)
     zero, _ = sampler(SmoothedScore.create(tab, sigma_s=0.0, M=2), key, (4, 2), grid=grid)
@@ -133,4 +133,4 @@ def test_steps_and_bad_input():
 def test_a_training_set_of_another_shape_is_refused_before_compute():
     src = smoothed(0.3, 2)
     with pytest.raises(ValueError, match=r"shape\[1:\]"):
-        per_example(get_sampler("heun"))(src, jax.random.key(0), (4, 3), grid=edm_grid(4))
+        get_sampler("heun")(src, jax.random.key(0), (4, 3), grid=edm_grid(4))

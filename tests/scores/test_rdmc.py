@@ -19,7 +19,7 @@ from scorelib.data.targets import (
     Target,
 )
 from scorelib.processes import VP, ornstein_uhlenbeck
-from scorelib.samplers import SAMPLERS, draw_samples, get_sampler, make_grid, per_example
+from scorelib.samplers import SAMPLERS, draw_samples, get_sampler, make_grid
 from scorelib.scores import MixtureScore, ReverseDiffusionScore
 from scorelib.scores.smoothed import time_bits
 
@@ -218,7 +218,7 @@ def test_manywell_posterior_mean_matches_the_quadrature_score():
 # ---------------------------------------------------------------------- samplers and counts
 @pytest.mark.slow  # the batches of 3: one compile for all samplers; of 1: one per sampler
 def test_every_registered_sampler_runs_on_it_jitted():
-    """3 steps of each sampler through per_example: finite, batch-size independent (one
+    """3 steps of each sampler (the driver binds the draws): finite, batch-size independent (one
     batch of 3, all samplers in one ``jax.jit``, against ``draw_samples`` in batches of 1)."""
     p = VP(beta_min=2.0, beta_max=2.0, eps=0.05)
     tg = GaussianMixtureTarget.create([0.5, 0.5], [[-1.0, 0.0], [1.0, 0.0]], stds=[0.5, 0.5])
@@ -229,18 +229,18 @@ def test_every_registered_sampler_runs_on_it_jitted():
 
     @jax.jit
     def batches_of_3(src, key):
-        return {k: per_example(get_sampler(k))(src, key, (3, 2), **opts[k])[0] for k in SAMPLERS}
+        return {k: get_sampler(k)(src, key, (3, 2), **opts[k])[0] for k in SAMPLERS}
 
     key = jax.random.key(0)
     whole = batches_of_3(src, key)
     for name in sorted(SAMPLERS):
-        sampler = per_example(get_sampler(name))
+        sampler = get_sampler(name)
         b, info = draw_samples(sampler, src, key, (2,), num_samples=3, batch_size=1, **opts[name])
         a = np.asarray(whole[name])
         assert np.all(np.isfinite(a)) and info["num_nonfinite"] == 0, name
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=name)
-        with pytest.raises(ValueError, match="for_examples"):
-            get_sampler(name)(src, key, (3, 2), **opts[name])
+    with pytest.raises(ValueError, match="for_examples"):  # unbound, called directly
+        src.score(jax.numpy.zeros((3, 2)), 0.5)
 
 
 @static_pytree
@@ -285,7 +285,7 @@ def test_target_evaluations_are_counted_exactly(opts):
     src = ReverseDiffusionScore.create(tg, process=OU, **kw)
     grid = make_grid("uniform_t", 5, OU)
     b = 4
-    _, info = per_example(get_sampler("euler_maruyama"))(src, jax.random.key(0), (b, 2), grid=grid)
+    _, info = get_sampler("euler_maruyama")(src, jax.random.key(0), (b, 2), grid=grid)
     jax.effects_barrier()
     want = src.target_evaluations(info["nfe"])
     assert counts == {"grad": b * want["grad"], "density": b * want["density"]}, (counts, want)
