@@ -18,6 +18,13 @@ import jax.numpy as jnp
 Array = Any
 
 
+#: The fold-in constant of an example's class label when it is drawn at random
+#: (``scorelib.scores.conditional.Labels.uniform``): ``fold_in(k_b, LABEL_SALT)``. The sampler
+#: driver uses ``fold_in(k_b, 0)`` for the start and ``fold_in(k_b, i + 1)`` for scan index
+#: ``i`` (far below it); random sources use ``2**32 - 1`` (``scorelib/scores/rdmc.py``).
+LABEL_SALT = 0x4C41424C  # "LABL"
+
+
 def example_keys(key: jax.Array, batch: int, first_index: Array = 0) -> jax.Array:
     """``[batch]`` keys ``fold_in(key, first_index + b)`` for ``b = 0 .. batch - 1``.
 

@@ -53,6 +53,67 @@ class PositionalEmbedding(nnx.Module):
         return jnp.concatenate([jnp.cos(arg), jnp.sin(arg)], axis=-1)
 
 
+class LabelEmbedding(nnx.Module):
+    """``labels: [batch]`` int in ``[0, K]`` -> ``[batch, dim]``: a linear map without bias of
+    the one-hot class vector scaled to unit RMS (``sqrt(K) onehot``), the null label ``K``
+    being the zero vector, hence the zero embedding (EDM, Karras et al. 2022,
+    ``training/networks.py``: ``map_label`` of ``class_labels * sqrt(label_dim)``, added to
+    the noise embedding; a zero class vector is the unconditional input).
+
+    Args:
+      num_classes: ``K >= 1``.
+      dim: the embedding size.
+    """
+
+    def __init__(self, num_classes: int, dim: int, *, rngs: nnx.Rngs):
+        self.num_classes = num_classes
+        self.map = nnx.Linear(num_classes, dim, use_bias=False, rngs=rngs)
+
+    def __call__(self, labels):
+        """``[batch]`` int labels (``K``: null) -> ``[batch, dim]``."""
+        onehot = jax.nn.one_hot(labels, self.num_classes)  # all zeros for the null label K
+        return self.map(onehot * math.sqrt(self.num_classes))
+
+
+def label_embedding(num_classes: int, dim: int, *, rngs: nnx.Rngs) -> LabelEmbedding | None:
+    """A :class:`LabelEmbedding` for ``num_classes >= 1``; ``None`` for 0 (unconditional).
+
+    Raises:
+      ValueError: naming ``model.num_classes`` unless it is an int ``>= 0``.
+    """
+    require(
+        is_int(num_classes) and num_classes >= 0,
+        "model.num_classes",
+        "an int >= 0 (0: unconditional)",
+        num_classes,
+    )
+    return LabelEmbedding(int(num_classes), dim, rngs=rngs) if num_classes else None
+
+
+def embed_labels(module, labels, batch: int):
+    """The label embedding of ``module`` (its ``label_emb``, ``None`` when unconditional) for
+    ``labels: [batch]`` (``None``: the null label), or ``None``.
+
+    Raises:
+      ValueError: labels given to an unconditional network, or not ``[batch]``.
+    """
+    emb = module.label_emb
+    if labels is None:
+        if emb is None:
+            return None
+        labels = jnp.full((batch,), emb.num_classes, jnp.int32)
+    require(
+        emb is not None,
+        "labels",
+        "None for an unconditional network (model.num_classes = 0)",
+        f"labels of shape {tuple(jnp.shape(labels))}",
+    )
+    require(
+        tuple(jnp.shape(labels)) == (batch,), "labels", f"of shape ({batch},)", jnp.shape(labels)
+    )
+    return emb(labels)
+
+
 DEFAULT_SCALES = {"fourier": 16.0, "positional": 1.0}
 
 

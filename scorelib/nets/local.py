@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from scorelib._checks import check_int, check_real
-from scorelib.nets.embeddings import make_embedding
+from scorelib.nets.embeddings import embed_labels, label_embedding, make_embedding
 from scorelib.nets.mlp import MLP
 from scorelib.nets.precond import edm_precond
 
@@ -63,6 +63,8 @@ class PatchMLP(nnx.Module):
       width, depth: hidden units and hidden layers (>= 1).
       emb_dim, embedding, emb_scale: the noise embedding (``embeddings.make_embedding``).
       dropout: dropout rate in [0, 1) after each hidden layer when training.
+      num_classes: ``K >= 1``: class-conditional, the embedded label added to the embedded
+        noise level (as :class:`~scorelib.nets.MLP`); 0: unconditional.
     """
 
     def __init__(
@@ -75,6 +77,7 @@ class PatchMLP(nnx.Module):
         embedding: str = "fourier",
         emb_scale: float | None = None,
         dropout: float = 0.0,
+        num_classes: int = 0,
         *,
         rngs: nnx.Rngs,
     ):
@@ -91,15 +94,19 @@ class PatchMLP(nnx.Module):
         k = 2 * self.radius + 1
         self.embed = make_embedding(embedding, emb_dim, emb_scale, rngs=rngs)
         self.emb_in = nnx.Linear(emb_dim, width, rngs=rngs)
+        self.label_emb = label_embedding(num_classes, width, rngs=rngs)
+        self.num_classes = 0 if self.label_emb is None else self.label_emb.num_classes
         self.x_in = nnx.Linear(k * k * c, width, rngs=rngs)
         self.pos = nnx.Param(jax.random.normal(rngs.params(), (h * w, width)))
         self.hidden = nnx.List([nnx.Linear(width, width, rngs=rngs) for _ in range(depth)])
         self.out = nnx.Linear(width, c, kernel_init=nnx.initializers.zeros, rngs=rngs)
         self.dropout = nnx.Dropout(dropout)
 
-    def _hidden(self, x, c_noise, rngs):
+    def _hidden(self, x, c_noise, labels, rngs):
         """Each hidden layer's output ``[batch, H * W, width]`` (dropout with ``rngs``)."""
         emb = self.emb_in(self.embed(c_noise))  # [batch, width]
+        lab = embed_labels(self, labels, x.shape[0])
+        emb = emb if lab is None else emb + lab
         h = self.x_in(patches(x, self.radius)) + self.pos[...][None] + emb[:, None, :]
         out = []
         for layer in self.hidden:
@@ -109,23 +116,23 @@ class PatchMLP(nnx.Module):
             out.append(h)
         return out
 
-    def __call__(self, x, c_noise, *, rngs: nnx.Rngs | None = None):
-        """``x: [batch, H, W, C]``, ``c_noise: [batch]`` -> ``[batch, H, W, C]``; ``rngs``
-        enables dropout."""
-        h = self._hidden(x, c_noise, rngs)[-1]
+    def __call__(self, x, c_noise, labels=None, *, rngs: nnx.Rngs | None = None):
+        """``x: [batch, H, W, C]``, ``c_noise: [batch]``, ``labels: [batch]`` (or ``None``)
+        -> ``[batch, H, W, C]``; ``rngs`` enables dropout."""
+        h = self._hidden(x, c_noise, labels, rngs)[-1]
         return jnp.reshape(self.out(jax.nn.silu(h)), x.shape)
 
-    def features(self, x, c_noise):
+    def features(self, x, c_noise, labels=None):
         """The hidden activations of :meth:`__call__` (no dropout), for a discriminator head.
 
         Args:
-          x: ``[batch, H, W, C]``; c_noise: ``[batch]``.
+          x: ``[batch, H, W, C]``; c_noise: ``[batch]``; labels: as :meth:`__call__`.
 
         Returns:
           a list of ``depth`` arrays ``[batch, H, W, width]``: each hidden layer's output.
         """
         b, h, w, _ = x.shape
-        return [jnp.reshape(f, (b, h, w, -1)) for f in self._hidden(x, c_noise, None)]
+        return [jnp.reshape(f, (b, h, w, -1)) for f in self._hidden(x, c_noise, labels, None)]
 
 
 class LocalMLP(nnx.Module):
@@ -150,6 +157,8 @@ class LocalMLP(nnx.Module):
       width, depth, emb_dim, embedding, emb_scale, dropout, norm, skip: the global
         :class:`~scorelib.nets.MLP`'s (``emb_dim``, ``embedding``, ``emb_scale`` and
         ``dropout`` are also the :class:`PatchMLP`'s).
+      num_classes: ``K >= 1``: both parts class-conditional (each its own label
+        embedding); 0: unconditional.
 
     Raises:
       ValueError: for a ``data_shape`` that is not ``(H, W, C)``, a non-positive
@@ -171,6 +180,7 @@ class LocalMLP(nnx.Module):
         dropout: float = 0.0,
         norm: str = "none",
         skip: str = "none",
+        num_classes: int = 0,
         *,
         rngs: nnx.Rngs,
     ):
@@ -187,8 +197,10 @@ class LocalMLP(nnx.Module):
             embedding=embedding,
             emb_scale=emb_scale,
             dropout=dropout,
+            num_classes=num_classes,
             rngs=rngs,
         )
+        self.num_classes = self.local.num_classes
         self.glob = MLP(
             data_shape,
             width=width,
@@ -199,18 +211,22 @@ class LocalMLP(nnx.Module):
             emb_scale=emb_scale,
             norm=norm,
             skip=skip,
+            num_classes=num_classes,
             rngs=rngs,
         )
 
-    def __call__(self, x, c_noise, *, rngs: nnx.Rngs | None = None):
-        """``x: [batch, H, W, C]``, ``c_noise: [batch]``; ``rngs`` enables dropout."""
+    def __call__(self, x, c_noise, labels=None, *, rngs: nnx.Rngs | None = None):
+        """``x: [batch, H, W, C]``, ``c_noise: [batch]``, ``labels: [batch]`` (or ``None``);
+        ``rngs`` enables dropout."""
         use_global = (c_noise >= self.c_local).reshape((-1,) + (1,) * (x.ndim - 1))
         return jnp.where(
-            use_global, self.glob(x, c_noise, rngs=rngs), self.local(x, c_noise, rngs=rngs)
+            use_global,
+            self.glob(x, c_noise, labels, rngs=rngs),
+            self.local(x, c_noise, labels, rngs=rngs),
         )
 
-    def features(self, x, c_noise):
+    def features(self, x, c_noise, labels=None):
         """Both parts' hidden activations, for discriminator heads: the global MLP's
         (``depth`` arrays ``[batch, width]``) then the local part's (``local_depth`` arrays
         ``[batch, H, W, local_width]``), whatever the noise level."""
-        return self.glob.features(x, c_noise) + self.local.features(x, c_noise)
+        return self.glob.features(x, c_noise, labels) + self.local.features(x, c_noise, labels)

@@ -9,11 +9,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from scorelib._checks import check_choice, check_int, check_real
-from scorelib.nets.embeddings import make_embedding
+from scorelib.nets.embeddings import embed_labels, label_embedding, make_embedding
 
 
 class MLP(nnx.Module):
-    """A residual-free MLP conditioned on the noise embedding by addition.
+    """A residual-free MLP conditioned on the noise embedding (and class label) by addition.
 
     ``x: [batch, *data_shape]`` is flattened, embedded with the noise level, passed
     through ``depth`` SiLU layers of ``width`` units, and mapped back to
@@ -36,10 +36,14 @@ class MLP(nnx.Module):
         (Wiener-filter) part of the denoiser exactly, e.g. ``D = -1`` for an image's
         always-black border, which the hidden layers would otherwise have to
         reproduce from the input through the stack; they learn the remainder.
+      num_classes: ``K >= 1`` makes the network class-conditional: ``labels: [batch]``
+        in ``[0, K]`` are embedded (:class:`~scorelib.nets.embeddings.LabelEmbedding`,
+        ``K`` the null label, the zero embedding) and added to the embedded noise level;
+        0 (the default) is unconditional, with exactly the parameters it had before.
 
     Raises:
       ValueError: for non-positive sizes, a dropout rate outside [0, 1), an unknown norm
-        or skip.
+        or skip, a negative ``num_classes``.
     """
 
     def __init__(
@@ -53,6 +57,7 @@ class MLP(nnx.Module):
         emb_scale: float | None = None,
         norm: str = "none",
         skip: str = "none",
+        num_classes: int = 0,
         *,
         rngs: nnx.Rngs,
     ):
@@ -65,6 +70,8 @@ class MLP(nnx.Module):
         d = math.prod(self.data_shape)
         self.embed = make_embedding(embedding, emb_dim, emb_scale, rngs=rngs)
         self.emb_in = nnx.Linear(emb_dim, width, rngs=rngs)
+        self.label_emb = label_embedding(num_classes, width, rngs=rngs)
+        self.num_classes = 0 if self.label_emb is None else self.label_emb.num_classes
         self.x_in = nnx.Linear(d, width, rngs=rngs)
         self.hidden = nnx.List([nnx.Linear(width, width, rngs=rngs) for _ in range(depth)])
         self.out = nnx.Linear(width, d, kernel_init=nnx.initializers.zeros, rngs=rngs)
@@ -84,11 +91,19 @@ class MLP(nnx.Module):
             else (None, None)
         )
 
-    def __call__(self, x, c_noise, *, rngs: nnx.Rngs | None = None):
-        """``x: [batch, *data_shape]``, ``c_noise: [batch]``; ``rngs`` enables dropout."""
+    def _embedding(self, c_noise, labels, b):
+        """``[b, width]``: the embedded noise level plus the embedded label (if any)."""
+        emb = self.emb_in(self.embed(c_noise))
+        lab = embed_labels(self, labels, b)
+        return emb if lab is None else emb + lab
+
+    def __call__(self, x, c_noise, labels=None, *, rngs: nnx.Rngs | None = None):
+        """``x: [batch, *data_shape]``, ``c_noise: [batch]``, ``labels: [batch]`` int in
+        ``[0, num_classes]`` or ``None`` (the null label; only ``None`` when unconditional);
+        ``rngs`` enables dropout."""
         b = x.shape[0]
         flat = jnp.reshape(x, (b, -1))
-        emb = self.emb_in(self.embed(c_noise))
+        emb = self._embedding(c_noise, labels, b)
         h = self.x_in(flat) + emb
         for i, layer in enumerate(self.hidden):
             h = layer(jax.nn.silu(self._norm(i, h)))
@@ -100,17 +115,17 @@ class MLP(nnx.Module):
             out = out + self.skip_scale(e) * flat + self.skip_shift(e)
         return jnp.reshape(out, x.shape)
 
-    def features(self, x, c_noise):
+    def features(self, x, c_noise, labels=None):
         """The hidden activations of :meth:`__call__` (no dropout), for a discriminator head.
 
         Args:
-          x: ``[batch, *data_shape]``; c_noise: ``[batch]``.
+          x: ``[batch, *data_shape]``; c_noise: ``[batch]``; labels: as :meth:`__call__`.
 
         Returns:
           a list of ``depth`` arrays ``[batch, width]``: the output of each hidden layer.
         """
         b = x.shape[0]
-        h = self.x_in(jnp.reshape(x, (b, -1))) + self.emb_in(self.embed(c_noise))
+        h = self.x_in(jnp.reshape(x, (b, -1))) + self._embedding(c_noise, labels, b)
         out = []
         for i, layer in enumerate(self.hidden):
             h = layer(jax.nn.silu(self._norm(i, h)))

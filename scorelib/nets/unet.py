@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from scorelib._checks import is_int, is_real, require
-from scorelib.nets.embeddings import make_embedding
+from scorelib.nets.embeddings import embed_labels, label_embedding, make_embedding
 
 _SKIP_SCALE = 1.0 / math.sqrt(2.0)
 _MIN_CHANNELS_PER_GROUP = 4
@@ -162,6 +162,9 @@ class UNet(nnx.Module):
       attn_heads: attention heads; must divide the channels of every attention layer.
       scale_shift: inject the embedding as ``norm(h) * (1 + scale) + shift`` (True) or
         by adding it before the second GroupNorm (False, as in DDPM++).
+      num_classes: ``K >= 1``: class-conditional, the embedded label (``K`` the null label,
+        zero) added to the noise features before the embedding MLP (EDM's SongUNet,
+        ``map_label``); 0 (the default): unconditional.
       rngs: ``nnx.Rngs`` with a ``params`` stream for initialisation.
 
     Raises:
@@ -184,6 +187,7 @@ class UNet(nnx.Module):
         num_groups: int = 32,
         attn_heads: int = 1,
         scale_shift: bool = True,
+        num_classes: int = 0,
         *,
         rngs: nnx.Rngs,
     ):
@@ -244,6 +248,8 @@ class UNet(nnx.Module):
 
         self.data_shape = data_shape
         self.embed = make_embedding(embedding, emb_dim, rngs=rngs)
+        self.label_emb = label_embedding(num_classes, emb_dim, rngs=rngs)
+        self.num_classes = 0 if self.label_emb is None else self.label_emb.num_classes
         self.emb1 = nnx.Linear(emb_dim, emb_dim, rngs=rngs)
         self.emb2 = nnx.Linear(emb_dim, emb_dim, rngs=rngs)
         self.conv_in = _conv(cin, channels, 3, rngs=rngs)
@@ -281,8 +287,16 @@ class UNet(nnx.Module):
         self.norm_out = nnx.GroupNorm(cur, num_groups=_groups(cur, num_groups), rngs=rngs)
         self.conv_out = _conv(cur, cin, 3, rngs=rngs, zero=True)
 
-    def __call__(self, x, c_noise, *, rngs: nnx.Rngs | None = None):
-        """``x: [B, H, W, C]``, ``c_noise: [B]`` -> ``[B, H, W, C]``; ``rngs`` enables dropout.
+    def _embedding(self, c_noise, labels, b):
+        """``[B, emb_dim]``: the embedding MLP of the noise features plus the label's."""
+        e = self.embed(c_noise)
+        lab = embed_labels(self, labels, b)
+        e = e if lab is None else e + lab
+        return self.emb2(jax.nn.silu(self.emb1(e)))
+
+    def __call__(self, x, c_noise, labels=None, *, rngs: nnx.Rngs | None = None):
+        """``x: [B, H, W, C]``, ``c_noise: [B]``, ``labels: [B]`` int in ``[0, num_classes]``
+        or ``None`` (null) -> ``[B, H, W, C]``; ``rngs`` enables dropout.
 
         Raises:
           ValueError: if ``x`` is not ``[B, *data_shape]`` or ``c_noise`` is not ``[B]``.
@@ -296,7 +310,7 @@ class UNet(nnx.Module):
         require(
             c_noise.shape == (x.shape[0],), "c_noise", f"of shape ({x.shape[0]},)", c_noise.shape
         )
-        emb = self.emb2(jax.nn.silu(self.emb1(self.embed(c_noise))))
+        emb = self._embedding(c_noise, labels, x.shape[0])
 
         h = self.conv_in(x)
         skips = [h]
@@ -316,7 +330,7 @@ class UNet(nnx.Module):
                 h = level.resample(h, skips[-1].shape[1:3])
         return self.conv_out(jax.nn.silu(self.norm_out(h)))
 
-    def features(self, x, c_noise):
+    def features(self, x, c_noise, labels=None):
         """The encoder's feature maps, one per resolution, for a discriminator head.
 
         Runs the encoder and the middle block of :meth:`__call__` (no dropout) and returns
@@ -333,7 +347,7 @@ class UNet(nnx.Module):
             f"of shape [B, *{self.data_shape}]",
             x.shape,
         )
-        emb = self.emb2(jax.nn.silu(self.emb1(self.embed(c_noise))))
+        emb = self._embedding(c_noise, labels, x.shape[0])
         h = self.conv_in(x)
         out = []
         for level in self.down:

@@ -5,10 +5,13 @@ training set's empirical score, its smoothed version and nearest-neighbour estim
 (sigma-CFDM), the many-well quadrature, the reverse-diffusion Monte Carlo estimate of an
 unnormalised density's score), a trained network, and the closed-form Gaussian
 probability-flow ODE beside the Gaussian source, and the asymmetry of a source's Jacobian
-(``jacobian.py``: how far a score field is from a gradient field).
+(``jacobian.py``: how far a score field is from a gradient field). Class-conditional
+sources (``conditional.py``: labels bound per example like a random source's keys, the
+exact per-class source) and guidance (``guidance.py``) are sources too.
 """
 
 from scorelib.scores.base import ScoreSource, denoiser_from_score, score_from_denoiser
+from scorelib.scores.conditional import ConditionalScore, Labels, PerClassScore
 from scorelib.scores.empirical import EmpiricalScore
 from scorelib.scores.gaussian import GaussianScore, gaussian_flow, gaussian_marginal_sample
 from scorelib.scores.gaussian_fit import fit_gaussian, fit_kmeans_mixture
@@ -22,6 +25,9 @@ from scorelib.scores.smoothed import SmoothedScore
 
 __all__ = [
     "ScoreSource",
+    "ConditionalScore",
+    "Labels",
+    "PerClassScore",
     "GaussianScore",
     "MixtureScore",
     "EmpiricalScore",

@@ -509,6 +509,23 @@ class EmpiricalScore(ScoreSource):
         _, l, acc = softmax_stats(self, y, 0.5 / ve_sigma**2)
         return acc / l[:, None]
 
+    def log_prob(self, x, t):
+        """``log p_t(x) = log (1/n) sum_i N(x; alpha x_i, sigma^2 I)`` (nats): ``[batch]``.
+
+        From the streamed softmax's statistics in the VE frame ``y = x / alpha``, level
+        ``s = ve_sigma``: ``m + log l`` is ``logsumexp_i -||y - x_i||^2 / (2 s^2)``, so
+        ``log p_t(x) = m + log l - log n - (d / 2) log(2 pi s^2) - d log alpha`` (the
+        density of ``x = alpha y``). Shapes and errors as :meth:`denoiser`.
+        """
+        m, l, _ = self._softmax_stats(x, t)
+        d = self.data.shape[1]
+        s = jnp.broadcast_to(jnp.reshape(self.process.ve_sigma(t), (-1,)), m.shape)
+        a = jnp.broadcast_to(jnp.reshape(self.process.alpha(t), (-1,)), m.shape)
+        n = jnp.sum(self.valid).astype(m.dtype)
+        return (
+            m + jnp.log(l) - jnp.log(n) - 0.5 * d * jnp.log(2 * jnp.pi * s**2) - d * jnp.log(a)
+        )
+
     def denoiser(self, x, t):
         """``sum_i softmax_i(-||x/alpha - x_i||^2 / (2 ve_sigma^2)) x_i``; shape of ``x``.
 

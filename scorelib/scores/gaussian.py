@@ -121,6 +121,25 @@ class GaussianScore(ScoreSource):
             out = out + rgain * outside
         return jnp.reshape(out, x.shape)
 
+    def log_prob(self, x, t):
+        """``log N(x; alpha mu, alpha^2 Sigma + sigma^2 I)`` (nats): ``[batch]``.
+
+        In the eigenbasis, ``-(sum c^2 / v + sum log v + d log 2 pi) / 2`` with
+        ``v = alpha^2 lam + sigma^2`` (and ``alpha^2 rv + sigma^2`` on the ``d - r``
+        directions of the complement). ``x: [batch, *data_shape]``, ``t`` scalar or
+        ``[batch]``; ``ValueError`` for another shape of ``t``.
+        """
+        xf, a, s, coef, outside = self._parts(x, t)
+        d, r = self.eigvecs.shape
+        v = a**2 * self.eigvals + s**2  # [r] or [batch, r]
+        quad = jnp.sum(coef**2 / v, axis=-1)
+        logdet = jnp.broadcast_to(jnp.sum(jnp.log(v), axis=-1), quad.shape)
+        if outside is not None:
+            rv = jnp.reshape(a**2 * self.residual_var + s**2, (-1,))  # [1] or [batch]
+            quad = quad + jnp.sum(outside**2, axis=-1) / rv
+            logdet = logdet + (d - r) * jnp.log(rv)
+        return -0.5 * (quad + logdet + d * jnp.log(2 * jnp.pi))
+
     def score(self, x, t):
         """``-(alpha^2 Sigma + sigma^2 I)^{-1} (x - alpha mu)``; shape of ``x``.
 

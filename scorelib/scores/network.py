@@ -9,6 +9,12 @@ denoiser output needs no rescaling, and the score is the VE frame's divided by
 With ``sigma_fisher`` set the network sits behind
 :func:`scorelib.nets.precond.fisher_precond` instead (for regression labels that are exact
 at low noise, e.g. the DSM/TSM mixtures), and its score is computed in score form.
+
+A class-conditional network (its ``num_classes > 0``, ``scorelib.nets``) is called as
+``F(x, c_noise, labels)``; :class:`NetworkScore` is then a
+:class:`~scorelib.scores.conditional.ConditionalScore` whose null label (the network's zero
+label embedding) is its unconditional score. An unconditional network is called as
+``F(x, c_noise)``, exactly as before labels existed.
 """
 
 from __future__ import annotations
@@ -19,10 +25,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from scorelib._checks import check_array, check_real, check_time
+from scorelib._checks import check_array, check_real, check_time, require
 from scorelib.nets.precond import edm_precond, fisher_precond
 from scorelib.processes.base import broadcast_to_data
-from scorelib.scores.base import ScoreSource, check_query, denoiser_from_score
+from scorelib.scores.base import check_query, denoiser_from_score
+from scorelib.scores.conditional import ConditionalScore
 
 Array = Any
 
@@ -38,6 +45,12 @@ def network_data_shape(graphdef, params) -> tuple[tuple | None, str]:
     return tuple(data_shape), f" (the data_shape of the {type(net).__name__})"
 
 
+def network_num_classes(graphdef, params) -> int:
+    """The network's ``num_classes`` attribute (0, unconditional, for a network without
+    one). Reads a static attribute (no compute)."""
+    return int(getattr(nnx.merge(graphdef, params), "num_classes", 0) or 0)
+
+
 def check_network_input(graphdef, params, x, field: str) -> int:
     """Require a real ``x: [batch, *data_shape]`` for the network; return ``batch``.
 
@@ -50,7 +63,7 @@ def check_network_input(graphdef, params, x, field: str) -> int:
 
 
 def preconditioned_denoiser(
-    graphdef, params, x_ve: Array, sigma: Array, sigma_data: float, *, rngs=None
+    graphdef, params, x_ve: Array, sigma: Array, sigma_data: float, *, rngs=None, labels=None
 ) -> Array:
     """``D(x; sigma) = c_skip x + c_out F(c_in x; c_noise)`` in the VE frame.
 
@@ -61,6 +74,8 @@ def preconditioned_denoiser(
       sigma: scalar or ``[batch]`` VE noise level (> 0), data units.
       sigma_data: data standard deviation used by the preconditioning.
       rngs: ``nnx.Rngs`` for dropout during training, else ``None`` (deterministic).
+      labels: ``[batch]`` int class labels for a class-conditional network (its
+        ``num_classes`` the null label), or ``None`` (the network is called without).
 
     Returns:
       ``[batch, *data_shape]`` denoised estimate of ``x_0``.
@@ -71,7 +86,7 @@ def preconditioned_denoiser(
     """
     check_time(sigma, "sigma", check_network_input(graphdef, params, x_ve, "x_ve"))
     c = edm_precond(sigma, sigma_data)
-    f = _network_output(graphdef, params, x_ve, c, rngs)
+    f = _network_output(graphdef, params, x_ve, c, rngs, labels)
     return broadcast_to_data(c.c_skip, x_ve) * x_ve + broadcast_to_data(c.c_out, x_ve) * f
 
 
@@ -84,6 +99,7 @@ def fisher_preconditioned_score(
     sigma_fisher: float,
     *,
     rngs=None,
+    labels=None,
 ) -> Array:
     """``s(x; sigma) = c_skip_score x + c_out_score F(c_in x; c_noise)`` in the VE frame, with
     the coefficients of :func:`scorelib.nets.precond.fisher_precond` (units 1 / data).
@@ -93,14 +109,14 @@ def fisher_preconditioned_score(
     """
     check_time(sigma, "sigma", check_network_input(graphdef, params, x_ve, "x_ve"))
     c = fisher_precond(sigma, sigma_data, sigma_fisher)
-    f = _network_output(graphdef, params, x_ve, c, rngs)
+    f = _network_output(graphdef, params, x_ve, c, rngs, labels)
     return (
         broadcast_to_data(c.c_skip_score, x_ve) * x_ve + broadcast_to_data(c.c_out_score, x_ve) * f
     )
 
 
-def _network_output(graphdef, params, x_ve, c, rngs):
-    """``F(c_in x; c_noise)`` for the coefficients ``c`` (``[batch, *data_shape]``).
+def _network_output(graphdef, params, x_ve, c, rngs, labels=None):
+    """``F(c_in x; c_noise[, labels])`` for the coefficients ``c`` (``[batch, *data_shape]``).
 
     One noise level for the whole batch (a scalar ``sigma``: what the samplers pass) and no
     dropout: the network runs under ``jax.vmap`` over the examples (``x: [1, *data_shape]``
@@ -109,17 +125,28 @@ def _network_output(graphdef, params, x_ve, c, rngs):
     call instead of once per example; its layers on ``x`` are the same batched matmuls and
     convolutions. The network must treat each example on its own (as every sampler
     assumes); a random draw inside it would be shared by the batch, hence not with ``rngs``.
+    Labels, when given, are mapped with the examples (``[1]`` inside).
     """
     net = nnx.merge(graphdef, params)
     x_in = broadcast_to_data(c.c_in, x_ve) * x_ve
     if jnp.ndim(c.c_noise) == 0 and rngs is None:
-        return jax.vmap(lambda x: net(x[None], c.c_noise[None])[0])(x_in)
+        cn = c.c_noise[None]
+        if labels is None:
+            return jax.vmap(lambda x: net(x[None], cn)[0])(x_in)
+        return jax.vmap(lambda x, y: net(x[None], cn, y[None])[0])(x_in, labels)
     c_noise = jnp.broadcast_to(c.c_noise, (x_ve.shape[0],))
-    return net(x_in, c_noise, rngs=rngs)
+    if labels is None:
+        return net(x_in, c_noise, rngs=rngs)
+    return net(x_in, c_noise, labels, rngs=rngs)
 
 
-class NetworkScore(ScoreSource):
+class NetworkScore(ConditionalScore):
     """Score source of an EDM-preconditioned network ``F`` (parameters are leaves).
+
+    For a class-conditional network (``num_classes > 0``) it is a
+    :class:`~scorelib.scores.conditional.ConditionalScore`: ``denoiser_given(x, t, labels)``,
+    labels bound per example by ``conditioned`` / ``for_examples`` (samplers) or
+    ``with_labels`` (training); without labels, the null label (the unconditional score).
 
     Fields:
       process: the noise process (static).
@@ -154,16 +181,44 @@ class NetworkScore(ScoreSource):
     def _rngs(self):
         return None if self.dropout_key is None else nnx.Rngs(dropout=self.dropout_key)
 
-    def score(self, x, t):
-        """``grad_x log p_t(x)`` (units 1 / data) by the preconditioned network.
+    @property
+    def num_classes(self) -> int:
+        """The network's ``num_classes`` (0: unconditional; :func:`network_num_classes`)."""
+        return network_num_classes(self.graphdef, self.params)
 
-        EDM (``sigma_fisher=None``): Tweedie from :meth:`denoiser`. Fisher-scaled: ``s =
-        (1 / alpha) s_ve(x / alpha; ve_sigma(t))`` with ``s_ve`` from
+    def _call_labels(self, batch: int):
+        """The labels the network is called with: ``None`` for an unconditional network
+        (which takes none), else the bound labels or the null label."""
+        if self.num_classes == 0:
+            require(
+                self.labels is None and self.condition is None,
+                "labels",
+                "None for an unconditional network (model.num_classes = 0)",
+                "labels bound to the source",
+            )
+            return None
+        return self.bound_labels(batch)
+
+    def score(self, x, t):
+        """``grad_x log p_t(x)`` (units 1 / data) by the preconditioned network, with the
+        labels bound to the call (:meth:`score_given`)."""
+        return self.score_given(x, t, self._call_labels(check_query(self, x, t)))
+
+    def denoiser(self, x, t):
+        """``D(x, t) = E[x_0 | x_t = x]`` by the preconditioned network, with the labels
+        bound to the call (:meth:`denoiser_given`)."""
+        return self.denoiser_given(x, t, self._call_labels(check_query(self, x, t)))
+
+    def score_given(self, x, t, labels):
+        """``grad_x log p_t(x | labels)`` (units 1 / data) by the preconditioned network.
+
+        EDM (``sigma_fisher=None``): Tweedie from :meth:`denoiser_given`. Fisher-scaled:
+        ``s = (1 / alpha) s_ve(x / alpha; ve_sigma(t))`` with ``s_ve`` from
         :func:`fisher_preconditioned_score`. Arguments, shapes and errors as
-        :meth:`denoiser`.
+        :meth:`denoiser_given`.
         """
         if self.sigma_fisher is None:
-            return super().score(x, t)
+            return super().score_given(x, t, labels)
         check_query(self, x, t)
         alpha = broadcast_to_data(self.process.alpha(t), x)
         s_ve = fisher_preconditioned_score(
@@ -174,11 +229,13 @@ class NetworkScore(ScoreSource):
             self.sigma_data,
             self.sigma_fisher,
             rngs=self._rngs(),
+            labels=labels,
         )
         return s_ve / alpha
 
-    def denoiser(self, x, t):
-        """``D(x, t) = E[x_0 | x_t = x]`` (data units) by the preconditioned network.
+    def denoiser_given(self, x, t, labels):
+        """``D(x, t | labels) = E[x_0 | x_t = x, c]`` (data units) by the preconditioned
+        network.
 
         Karras et al. 2022, eq. 7 and Table 1, applied in the VE frame: ``D = c_skip(s)
         (x / alpha) + c_out(s) F(c_in(s) x / alpha; c_noise(s))`` with ``s = ve_sigma(t)``
@@ -188,18 +245,27 @@ class NetworkScore(ScoreSource):
         Args:
           x: ``[batch, *data_shape]`` noisy input in process coordinates.
           t: scalar or ``[batch]`` process time.
+          labels: ``[batch]`` int labels in ``[0, num_classes]`` (``num_classes``: null) for
+            a class-conditional network; ``None`` for an unconditional one.
 
         Returns:
           ``[batch, *data_shape]``.
 
         Raises:
-          ValueError: if ``t`` is neither a scalar nor ``[batch]``.
+          ValueError: if ``t`` is neither a scalar nor ``[batch]``; labels given to an
+            unconditional network.
         """
         check_query(self, x, t)
         if self.sigma_fisher is not None:
-            return denoiser_from_score(self.process, x, t, self.score(x, t))
+            return denoiser_from_score(self.process, x, t, self.score_given(x, t, labels))
         alpha = broadcast_to_data(self.process.alpha(t), x)
         sigma = self.process.ve_sigma(t)
         return preconditioned_denoiser(
-            self.graphdef, self.params, x / alpha, sigma, self.sigma_data, rngs=self._rngs()
+            self.graphdef,
+            self.params,
+            x / alpha,
+            sigma,
+            self.sigma_data,
+            rngs=self._rngs(),
+            labels=labels,
         )
