@@ -28,6 +28,7 @@ from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from experiments import schema
+from experiments.classifier_schema import CLASSIFIER_OBJECTIVE_TARGETS
 from scorelib import parallel, training
 from scorelib._checks import check_choice, check_int, check_real
 from scorelib.data import (
@@ -41,9 +42,11 @@ from scorelib.data import (
 )
 from scorelib.data.images import ImageDataset, level_spacing
 from scorelib.data.noisy import check_noise_sigma, noisy_dataset
-from scorelib.data.toy import TOY_NAMES
+from scorelib.data.toy import TOY_NAMES, toy_classes
 from scorelib.processes import Process
 from scorelib.samplers import get_sampler, make_grid
+from scorelib.scores import Labels
+from scorelib.scores.guidance import FILTERS, check_interval
 from scorelib.training.loop import NONFINITE_MODES
 
 DATA_NAMES = ("digits", "mnist", "toy", "npz", "target")
@@ -67,6 +70,34 @@ SELECTED_FIELDS = {
 }
 
 
+#: Fields of a ``_target_`` node that the builder takes itself (never passed to the class):
+#: ``{group: fields}``. ``objective.label_dropout``: the train step's (:func:`label_dropout`).
+BUILDER_FIELDS = {"objective": ("label_dropout",)}
+
+
+def label_dropout(cfg: DictConfig) -> float:
+    """``objective.label_dropout`` (0 when the objective has no such field): the probability in
+    ``[0, 1)`` that a training example's label is the null label.
+
+    Raises:
+      ValueError: naming ``objective.label_dropout`` outside ``[0, 1)``, or > 0 without
+        ``data.labels=true``.
+    """
+    p = cfg.objective.get("label_dropout")
+    p = (
+        0.0
+        if p is None
+        else check_real(p, "objective.label_dropout", low=0.0, high=1.0, high_open=True)
+    )
+    if p > 0 and not cfg.data.get("labels"):
+        raise ValueError(
+            "objective.label_dropout: label dropout replaces training labels by the null label; "
+            f"it needs data.labels=true (a class-conditional model); got {p} with "
+            "data.labels=false"
+        )
+    return p
+
+
 @dataclasses.dataclass
 class Data:
     """Training data of a run: a dataset (images) or a stream (toy), and a batch function."""
@@ -76,23 +107,30 @@ class Data:
     images: ImageDataset | None  # None for toy streams and targets
     target: Any = None  # a scorelib.data.targets target for name=target
     dequantise: bool = False  # images: batches dequantised over each grey level's bin
+    num_classes: int = 0  # > 0: batches come with their class labels (data.labels=true)
+
+    @property
+    def labels(self) -> bool:
+        """Whether the batches carry class labels (``data.labels=true``)."""
+        return self.num_classes > 0
 
     def batch_fn(self, batch_size: int, seed: int, mesh=None):
-        """A pure jnp function ``step -> [batch_size, *data_shape]`` usable inside jit
-        (the global batch; with a ``mesh`` the training images are replicated on it)."""
+        """A pure jnp function ``step -> x [batch_size, *data_shape]`` usable inside jit (the
+        global batch; with a ``mesh`` the training images are replicated on it), or ``step ->
+        (x, y)`` with ``y: [batch_size]`` int32 class labels when :attr:`labels`."""
+        lab = self.labels
         if self.target is not None:
-            return functools.partial(_target_batch, self.target, batch_size, seed)
+            return functools.partial(_target_batch, self.target, batch_size, seed, lab)
         if self.images is None:
             toy = self.name.split(":", 1)[1]
-            return functools.partial(_toy_batch, toy, batch_size, seed)
-        if mesh is None:
-            train = jax.device_put(self.images.train)
-        else:
-            train = parallel.shard(self.images.train, mesh)
+            return functools.partial(_toy_batch, toy, batch_size, seed, lab)
+        place = jax.device_put if mesh is None else functools.partial(parallel.shard, mesh=mesh)
+        train = place(self.images.train)
+        y = place(self.images.train_labels) if lab else None
         if self.dequantise:
             delta = level_spacing(self.images.levels)
-            return functools.partial(_dequantised_batch, train, delta, batch_size, seed)
-        return functools.partial(_image_batch, train, batch_size, seed)
+            return functools.partial(_dequantised_batch, train, y, delta, batch_size, seed)
+        return functools.partial(_image_batch, train, y, batch_size, seed)
 
     def reference(self, n: int, seed: int = 12345) -> np.ndarray:
         """Held-out reference samples: the test split, or fresh toy or target samples."""
@@ -104,20 +142,22 @@ class Data:
         return self.images.test
 
 
-def _toy_batch(name, batch_size, seed, step):
-    return toy_batch(name, batch_size, seed=seed, step=step)
+def _toy_batch(name, batch_size, seed, labels, step):
+    return toy_batch(name, batch_size, seed=seed, step=step, labels=labels)
 
 
-def _target_batch(target, batch_size, seed, step):
+def _target_batch(target, batch_size, seed, labels, step):
+    if labels:
+        return target.batch(batch_size, seed=seed, step=step, labels=True)
     return target.batch(batch_size, seed=seed, step=step)
 
 
-def _image_batch(train, batch_size, seed, step):
-    return get_batch(train, batch_size, seed=seed, step=step)
+def _image_batch(train, labels, batch_size, seed, step):
+    return get_batch(train, batch_size, seed=seed, step=step, labels=labels)
 
 
-def _dequantised_batch(train, delta, batch_size, seed, step):
-    return get_dequantised_batch(train, batch_size, delta, seed=seed, step=step)
+def _dequantised_batch(train, labels, delta, batch_size, seed, step):
+    return get_dequantised_batch(train, batch_size, delta, seed=seed, step=step, labels=labels)
 
 
 def build_data(cfg: DictConfig) -> Data:
@@ -125,6 +165,9 @@ def build_data(cfg: DictConfig) -> Data:
     dc = cfg.data
     name = check_choice(dc.name, "data.name", DATA_NAMES)
     _check_own_name(dc, "data")
+    labels = dc.get("labels", False)
+    if not isinstance(labels, bool):
+        raise ValueError(f"data.labels must be true or false; got {labels!r}")
     check_real(dc.sigma_data, "data.sigma_data", low=0.0, low_open=True, high_open=True)
     if name == "digits":
         ds = load_digits()
@@ -139,10 +182,21 @@ def build_data(cfg: DictConfig) -> Data:
             raise ValueError("data.target must describe a target for data=target; got null")
         target = instantiate(dc.target, _convert_="all")
         target.require_samples("data=target (training batches)")
-        return Data(f"target:{target.name}", (target.dim,), images=None, target=target)
+        k = 0
+        if labels:
+            k = int(getattr(target, "num_classes", 0) or 0)
+            if k < 1:
+                raise ValueError(
+                    f"data.labels: the target {target.name} has no classes (a Gaussian mixture "
+                    "target's component is its class); set data.labels=false"
+                )
+        return Data(
+            f"target:{target.name}", (target.dim,), images=None, target=target, num_classes=k
+        )
     else:  # toy
         check_choice(dc.toy, "data.toy", TOY_NAMES)
-        return Data(name=f"toy:{dc.toy}", data_shape=(2,), images=None)
+        k = toy_classes(dc.toy, labels) or 0
+        return Data(name=f"toy:{dc.toy}", data_shape=(2,), images=None, num_classes=k)
     dequantise = bool(dc.get("dequantise", False))  # the schema admits true or false only
     if dc.get("noise_sigma") is not None:
         noise_sigma = check_noise_sigma(dc.noise_sigma)
@@ -152,7 +206,18 @@ def build_data(cfg: DictConfig) -> Data:
                 "grey levels); got true"
             )
         ds = noisy_dataset(ds, noise_sigma, seed=NOISE_SEED)
-    return Data(name=name, data_shape=ds.data_shape, images=ds, dequantise=dequantise)
+    k = 0
+    if labels:
+        if ds.train_labels is None:
+            raise ValueError(
+                f"data.labels: the data set {name} has no class labels"
+                + (f" (no 'labels' array in {dc.path})" if name == "npz" else "")
+                + "; set data.labels=false"
+            )
+        k = int(np.max(ds.train_labels)) + 1
+    return Data(
+        name=name, data_shape=ds.data_shape, images=ds, dequantise=dequantise, num_classes=k
+    )
 
 
 def _check_own_name(node: DictConfig, group: str) -> None:
@@ -201,6 +266,8 @@ def component_kwargs(node: DictConfig, group: str) -> tuple[str, dict]:
             )
     kwargs = OmegaConf.to_container(node, resolve=True)
     kwargs.pop("_target_")
+    for key in BUILDER_FIELDS.get(group, ()):
+        kwargs.pop(key, None)
     if target in SELECTED_FIELDS:
         selector, fields = SELECTED_FIELDS[target]
         value = kwargs.get(selector)
@@ -315,6 +382,13 @@ def _build_unpenalised_objective(cfg: DictConfig, process, data: Data | None):
             f"known score, data=target; got data={cfg.data.name}"
         )
     target, kwargs = component_kwargs(cfg.objective, "objective")
+    if target in CLASSIFIER_OBJECTIVE_TARGETS:
+        option = CLASSIFIER_OBJECTIVE_TARGETS[target]
+        raise ValueError(
+            f"objective={option} trains a noise-conditional classifier, not a score model: "
+            f"python -m experiments.train_classifier objective={option}; experiments.train "
+            "takes a score objective (edm, dsm, tsm, mixed, smoothed, sure)"
+        )
     if kwargs.get("weighting") == "fisher":
         raise ValueError(
             "objective.weighting: 'fisher' is the unit weight of a network behind the "
@@ -341,6 +415,8 @@ def _build_unpenalised_objective(cfg: DictConfig, process, data: Data | None):
                 "needs an image data set (data=digits | mnist | npz); got "
                 f"data={cfg.data.name}"
             )
+        if data.labels:
+            return make(process=process, train=data.images.train, labels=data.images.train_labels)
         return make(process=process, train=data.images.train)
     return make(process=process)
 
@@ -354,7 +430,12 @@ class Sampling:
 
     ``record`` is what the samples depend on (written to ``samples.json``): the sampler's
     name, steps, grid and the grid options given, every sampler option with its value,
-    ``num_samples``, ``seed`` and ``float64`` (``batch_size`` is not: per-example keys).
+    ``num_samples``, ``seed`` and ``float64`` (``batch_size`` is not: per-example keys), and
+    the conditioning when there is one (``labels``, ``guidance``).
+
+    ``labels`` is the ``sampler.labels`` value and ``guidance`` the ``sampler.guidance``
+    fields given (``None`` for ``kind=none``); ``experiments.runs.conditioning`` applies
+    them to the run's score source.
     """
 
     name: str
@@ -362,9 +443,60 @@ class Sampling:
     grid: np.ndarray
     opts: dict
     record: dict = dataclasses.field(default_factory=dict)
+    labels: Any = None
+    guidance: dict | None = None
+
+    @property
+    def conditional(self) -> bool:
+        """Whether the samples are conditioned (``sampler.labels`` or a guidance given)."""
+        return self.labels is not None or self.guidance is not None
 
     def __call__(self, source, key, shape, **kw):
         return self.fn(source, key, shape, grid=self.grid, **self.opts, **kw)
+
+
+def build_guidance(gc) -> dict | None:
+    """The ``sampler.guidance`` fields of its ``kind`` (``None`` for ``kind=none``), checked
+    without the model: ``{"kind", "scale", "interval", "filter", "classifier"}`` with
+    ``scale`` 1 and ``filter`` ``none`` unless given.
+
+    Raises:
+      ValueError: naming ``sampler.guidance.<field>``: an unknown kind or filter, a field the
+        kind does not use, a non-finite scale, a bad interval, ``kind=classifier`` without a
+        classifier run.
+    """
+    if gc is None:
+        return None
+    given = {k: v for k, v in OmegaConf.to_container(gc, resolve=True).items() if v is not None}
+    kind = check_choice(given.pop("kind", "none"), "sampler.guidance.kind", GUIDANCE_KINDS)
+    for key in given:
+        users = schema.GUIDANCE_FIELDS[key]
+        if kind not in users:
+            raise ValueError(
+                f"sampler.guidance.{key} is used only with sampler.guidance.kind="
+                f"{' | '.join(users)}; got sampler.guidance.kind={kind} (remove "
+                f"sampler.guidance.{key})"
+            )
+    if kind == "none":
+        return None
+    out = {"kind": kind, "scale": check_real(given.get("scale", 1.0), "sampler.guidance.scale")}
+    if "interval" in given:
+        out["interval"] = list(check_interval(given["interval"]))
+    if kind == "cfg":
+        out["filter"] = check_choice(
+            given.get("filter", "none"), "sampler.guidance.filter", FILTERS
+        )
+    if kind == "classifier":
+        if not given.get("classifier"):
+            raise ValueError(
+                "sampler.guidance.classifier must name an experiments.train_classifier run "
+                "directory for sampler.guidance.kind=classifier; got null"
+            )
+        out["classifier"] = str(given["classifier"])
+    return out
+
+
+GUIDANCE_KINDS = ("none", "cfg", "classifier")
 
 
 def build_sampler(cfg: DictConfig, process) -> Sampling:
@@ -404,6 +536,10 @@ def build_sampler(cfg: DictConfig, process) -> Sampling:
     seed = check_int(sc.seed, "sampler.seed", low=0)
     grid = make_grid(grid_name, steps, process, **grid_opts)
     opts = {k: sc.get(k, default) for k, (_, default) in options.items()}
+    labels = sc.get("labels")
+    if OmegaConf.is_config(labels):
+        labels = OmegaConf.to_container(labels, resolve=True)
+    guidance = build_guidance(sc.get("guidance"))
     record = {
         "name": name,
         "steps": steps,
@@ -414,8 +550,89 @@ def build_sampler(cfg: DictConfig, process) -> Sampling:
         "seed": seed,
         "float64": bool(sc.float64),
     }
+    if labels is not None:
+        record["labels"] = labels
+    if guidance is not None:
+        record["guidance"] = guidance
     opts["float64"] = bool(sc.float64)
-    return Sampling(name=name, fn=get_sampler(name), grid=grid, opts=opts, record=record)
+    return Sampling(
+        name=name,
+        fn=get_sampler(name),
+        grid=grid,
+        opts=opts,
+        record=record,
+        labels=labels,
+        guidance=guidance,
+    )
+
+
+#: ``sampler.labels`` values that name a rule (besides a class, a list of classes or null);
+#: ``none`` is the null label (the unconditional score), e.g. over a run whose own sampler has
+#: labels (``sampler=run`` reads ``null`` as "the run's value").
+LABEL_RULES = ("balanced", "uniform", "none")
+
+
+def build_labels(value, num_classes: int, field: str = "sampler.labels") -> Labels | None:
+    """The :class:`scorelib.scores.Labels` rule of a ``sampler.labels`` config value: ``null``
+    or ``none`` (no labels: the unconditional score, the null label), ``balanced`` (classes
+    ``0 .. K-1`` in turn over the samples' global indices), ``uniform`` (a uniform class per
+    sample from its own key), a class ``c`` (every sample), or a list of classes (sample
+    ``i`` gets ``list[i % len]``).
+
+    Raises:
+      ValueError: naming ``field``: a value of another kind, a class outside
+        ``[0, num_classes)``, labels asked of an unconditional model (``num_classes = 0``).
+    """
+    if value is None or value == "none":
+        return None
+    if num_classes < 1:
+        raise ValueError(
+            f"{field}: the model is unconditional (model.num_classes = 0): it takes no class "
+            f"labels; remove {field} (got {value!r})"
+        )
+    if value == "balanced":
+        return Labels.balanced(num_classes)
+    if value == "uniform":
+        return Labels.uniform(num_classes)
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if OmegaConf.is_config(value):
+        value = OmegaConf.to_container(value, resolve=True)
+    values = [value] if not isinstance(value, (list, tuple)) else list(value)
+    ok = bool(values) and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+    if not ok or any(not 0 <= v < num_classes for v in values):
+        raise ValueError(
+            f"{field} must be null, {' | '.join(LABEL_RULES)}, a class in [0, {num_classes - 1}] "
+            f"or a list of such classes; got {value!r}"
+        )
+    return Labels.given(values, num_classes)
+
+
+def check_conditioning(cfg: DictConfig, data: Data) -> None:
+    """The model's classes must be the data's: ``model.num_classes`` equals the number of
+    classes of the labelled data (``data.labels=true``), 0 without labels.
+
+    Raises:
+      ValueError: naming ``model.num_classes`` or ``data.labels``.
+    """
+    k = cfg.model.get("num_classes")
+    k = 0 if k is None else check_int(k, "model.num_classes", low=0)
+    if data.labels and k != data.num_classes:
+        if "num_classes" not in cfg.model:
+            raise ValueError(
+                f"data.labels: the model {cfg.model.get('_target_')} takes no class labels (no "
+                "num_classes argument); set data.labels=false"
+            )
+        raise ValueError(
+            f"model.num_classes must be {data.num_classes} (the classes of data={cfg.data.name}) "
+            f"with data.labels=true; got {k}"
+        )
+    if not data.labels and k > 0:
+        raise ValueError(
+            f"data.labels: model.num_classes={k} is a class-conditional network, trained on "
+            "labelled batches: set data.labels=true (or model.num_classes=0); got "
+            "data.labels=false"
+        )
 
 
 def to_container(cfg: DictConfig) -> dict:

@@ -8,8 +8,10 @@ they are not there, the command says which directory it looked in.
 The metrics, each beside its floor and a baseline, are those of
 :mod:`experiments.runs.evaluation` (images: FD, the classifier two-sample test,
 precision/recall, bits/dim of a score run's model, memorisation; 2-D data and targets:
-energy distance and sliced W2). Writes ``eval.json`` and ``eval.md`` beside the samples
-and prints the table.
+energy distance and sliced W2). Conditional samples (a ``labels`` array beside ``samples``
+in the ``.npz``) of image data also get the bundled classifier's accuracy against their
+labels and the two-sample tests per class. Writes ``eval.json`` and ``eval.md`` beside the
+samples and prints the table.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from experiments.common import clean_errors, hydra_app
 from experiments.runs import configure_jax, read_config, run_kind
 from experiments.runs.base import override_keys, selects_samples
 from experiments.runs.evaluation import (
+    check_sample_labels,
     describe_samples,
     evaluate_and_write,
+    load_labels,
     load_samples,
     sample_meta,
 )
@@ -65,10 +69,12 @@ def run_evaluation(cfg: DictConfig) -> dict:
     kind = run_kind(cfg.run_dir)
     overrides = list(HydraConfig.get().overrides.task)
     path = samples_path(cfg, kind, overrides)
-    samples = load_samples(path)
+    samples, labels = load_samples(path), load_labels(path)
     print(f"evaluating {describe_samples(path)}", flush=True)
     data_cfg = kind.data_config(read_config(cfg.run_dir))
     data = build.build_data(data_cfg)
+    if labels is not None and data.images is not None:  # refused before anything is computed
+        labels = check_sample_labels(labels, len(samples), data.images, f"samples={path}: labels")
     prior, source, rows, meta = None, None, None, sample_meta(path)
     if data.images is None:
         process = build.build_process(data_cfg)
@@ -89,6 +95,7 @@ def run_evaluation(cfg: DictConfig) -> dict:
         extra={"samples": str(path)},
         rows=rows,
         nfe=meta.get("nfe"),
+        labels=labels,
     )
 
 

@@ -107,11 +107,20 @@ def make_schema(name: str, fields: list[tuple], doc: str | None = None, bases=()
     return cls
 
 
-def target_schema(name: str, target: str) -> type:
+def target_schema(name: str, target: str, extra: tuple = ()) -> type:
     """The schema of the ``_target_`` option that builds ``target``: ``_target_`` and one
-    field per constructor argument (:func:`signature_fields`), its default the library's."""
-    fields = [("_target_", str, target), *signature_fields(get_object(target))]
+    field per constructor argument (:func:`signature_fields`), its default the library's,
+    then ``extra`` fields ``(name, type, default)`` that the builder takes itself."""
+    fields = [("_target_", str, target), *signature_fields(get_object(target)), *extra]
     return make_schema(name, fields, f"``{target}``: its arguments and their defaults.")
+
+
+#: A field of every objective that ``experiments.build`` takes out before building it: the
+#: probability that a training example's class label is replaced by the null label
+#: (classifier-free guidance's joint training, Ho and Salimans 2022, Sec. 3.2; k-diffusion's
+#: ``cond_dropout_rate``), drawn per example in the train step
+#: (``scorelib.training.make_train_step``); only with ``data.labels=true``.
+LABEL_DROPOUT = ("label_dropout", float, 0.0)
 
 
 EDMProcessConfig = target_schema("EDMProcessConfig", "scorelib.processes.EDM")
@@ -123,15 +132,19 @@ OUProcessConfig = target_schema("OUProcessConfig", "scorelib.processes.ornstein_
 MLPConfig = target_schema("MLPConfig", "scorelib.nets.MLP")
 LocalMLPConfig = target_schema("LocalMLPConfig", "scorelib.nets.LocalMLP")
 UNetConfig = target_schema("UNetConfig", "scorelib.nets.UNet")
-EDMLossConfig = target_schema("EDMLossConfig", "scorelib.objectives.EDMLoss")
-DSMConfig = target_schema("DSMConfig", "scorelib.objectives.DSM")
+EDMLossConfig = target_schema("EDMLossConfig", "scorelib.objectives.EDMLoss", (LABEL_DROPOUT,))
+DSMConfig = target_schema("DSMConfig", "scorelib.objectives.DSM", (LABEL_DROPOUT,))
 SmoothedObjectiveConfig = target_schema(
-    "SmoothedObjectiveConfig", "scorelib.objectives.smoothed.smoothed_score_matching"
+    "SmoothedObjectiveConfig",
+    "scorelib.objectives.smoothed.smoothed_score_matching",
+    (LABEL_DROPOUT,),
 )
 
 
 # objective=sure takes its sigma_n from data.noise_sigma (experiments.build.build_objective)
-SUREObjectiveConfig = target_schema("SUREObjectiveConfig", "scorelib.objectives.SURE")
+SUREObjectiveConfig = target_schema(
+    "SUREObjectiveConfig", "scorelib.objectives.SURE", (LABEL_DROPOUT,)
+)
 # penalty=qc wraps the run's objective (Chao et al., ICML 2022; scorelib.objectives.conservative)
 QCPenaltyConfig = target_schema("QCPenaltyConfig", "scorelib.objectives.quasi_conservative")
 
@@ -157,6 +170,30 @@ def _grid_fields() -> list[tuple]:
     return [(k, config_type(hints[k]) | None, None) for k in GRID_FIELDS]
 
 
+@dataclass
+class GuidanceConfig:
+    """``sampler.guidance``: how the class-conditional samples are guided
+    (``scorelib/scores/guidance.py``; docs/conditioning.md). A field the chosen ``kind``
+    does not use is refused."""
+
+    kind: str = "none"  # none | cfg (classifier-free) | classifier (a noise-conditional classifier)
+    # cfg: the lerp weight w (1: the conditional model, 0: unconditional; Ho and Salimans'
+    # w_HS is w - 1); classifier: s (1: Bayes' conditional score, 0: unguided). null: 1
+    scale: float | None = None
+    interval: list[float] | None = None  # [lo, hi]: guide only at VE levels lo < sigma <= hi
+    filter: str | None = None  # cfg: none | tangential (TCFG's SVD-filtered unconditional)
+    classifier: str | None = None  # classifier: an experiments.train_classifier run directory
+
+
+#: ``sampler.guidance`` fields by the kinds that use them (the others refuse them).
+GUIDANCE_FIELDS = {
+    "scale": ("cfg", "classifier"),
+    "interval": ("cfg", "classifier"),
+    "filter": ("cfg",),
+    "classifier": ("classifier",),
+}
+
+
 SamplerConfig = make_schema(
     "SamplerConfig",
     [
@@ -168,6 +205,11 @@ SamplerConfig = make_schema(
         ("batch_size", int, 1000),  # does not change the samples (per-example keys)
         ("seed", int, 0),
         ("float64", bool, False),
+        # a class-conditional model's classes: null (none: the unconditional score, the null
+        # label) | balanced (classes 0..K-1 in turn) | uniform (a random class per sample) |
+        # a class | a list of classes (sample i gets list[i % len])
+        ("labels", Any, None),
+        ("guidance", GuidanceConfig, dataclasses.field(default_factory=GuidanceConfig)),
     ],
     "Fields every sampler has; each sampler's schema (:func:`sampler_schema`) adds its options.",
 )
@@ -215,15 +257,31 @@ class RunSamplerConfig:
     every sampler, all null."""
 
 
+@dataclass
+class RunGuidanceConfig:
+    """``sampler.guidance`` of ``sampler=run``: every field null (the run's own) unless given."""
+
+    kind: str | None = None
+    scale: float | None = None
+    interval: list[float] | None = None
+    filter: str | None = None
+    classifier: str | None = None
+
+
 @functools.cache
 def run_sampler_schema() -> type:
     """:class:`RunSamplerConfig`: every field of :class:`SamplerConfig` and every option of
-    every registered sampler, null."""
+    every registered sampler, null (``guidance``: :class:`RunGuidanceConfig`, its fields
+    null)."""
     fields = dict(typing.get_type_hints(SamplerConfig))
+    fields.pop("guidance")
     for name in SAMPLERS:
         for key, (typ, _) in sampler_options(name).items():
             fields.setdefault(key, typ)
-    nullable = [(key, typ | None, None) for key, typ in fields.items()]
+    nullable = [(key, typ if typ is Any else typ | None, None) for key, typ in fields.items()]
+    nullable.append(
+        ("guidance", RunGuidanceConfig, dataclasses.field(default_factory=RunGuidanceConfig))
+    )
     return make_schema("RunSamplerConfig", nullable, RunSamplerConfig.__doc__, (RunSamplerConfig,))
 
 
@@ -292,6 +350,10 @@ class DataConfig:
 
     name: str = MISSING  # digits | mnist | toy | npz | target (chosen with data=<name>)
     sigma_data: float = 0.5  # the data's std for EDM preconditioning (> 0)
+    # give each training batch its class labels (the digit; the .npz's `labels`; a toy's or a
+    # mixture target's component), for a class-conditional model (model.num_classes = the
+    # data's classes)
+    labels: bool = False
 
 
 @dataclass
@@ -478,6 +540,10 @@ def group_schemas() -> dict[tuple[str, str], type]:
     out[("sampler", "cfdm")] = CFDMSamplerConfig
     out[("score", "cfdm")] = CFDMScoreConfig
     out[("score", "rdmc")] = RDMCScoreConfig
+    # objective=ce | dlsm of experiments.train_classifier (their module imports this one)
+    from experiments.classifier_schema import classifier_group_schemas
+
+    out.update(classifier_group_schemas())
     return out
 
 
@@ -512,8 +578,9 @@ def not_identity_keys(app: str) -> list[str]:
     if app == "train":
         fields = dict.fromkeys(f for n in SAMPLERS for f in sampler_schema(n).__dataclass_fields__)
         keys += ["sampler", *(f"sampler.{f}" for f in fields)]
+        keys += [f"sampler.guidance.{f}" for f in GuidanceConfig.__dataclass_fields__]
     else:
-        keys += [f"sampler.{f}" for f in ("num_samples", "batch_size", "seed")]
+        keys += [f"sampler.{f}" for f in ("num_samples", "batch_size", "seed", "labels")]
     return keys
 
 
@@ -530,3 +597,7 @@ def register_configs() -> None:
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="sample_schema", node=SampleConfig)
     cs.store(name="evaluate_schema", node=EvaluateConfig)
+    # experiments.train_classifier's primary schema and run name (its module imports this one)
+    from experiments.classifier_schema import register_classifier_configs
+
+    register_classifier_configs()

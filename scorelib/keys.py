@@ -24,6 +24,11 @@ Array = Any
 #: ``i`` (far below it); random sources use ``2**32 - 1`` (``scorelib/scores/rdmc.py``).
 LABEL_SALT = 0x4C41424C  # "LABL"
 
+#: The fold-in constant of label dropout's key, ``fold_in(k_drop, LABEL_DROPOUT_SALT)``
+#: (module docstring): far from the small counters of the network's own dropout draws from
+#: ``k_drop`` and distinct from :data:`LABEL_SALT`.
+LABEL_DROPOUT_SALT = 0x4C44524F  # "LDRO"
+
 
 def example_keys(key: jax.Array, batch: int, first_index: Array = 0) -> jax.Array:
     """``[batch]`` keys ``fold_in(key, first_index + b)`` for ``b = 0 .. batch - 1``.

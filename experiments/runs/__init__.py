@@ -9,6 +9,8 @@ metric of a run's samples beside its floor). The kinds implement only what diffe
 * :class:`ScoreRun` (``experiments.train``): a score network trained with an objective;
 * :class:`DistillRun` (``experiments.distill``): a one-step student distilled from a
   teacher score source;
+* :class:`ClassifierRun` (``experiments.train_classifier``): a noise-conditional classifier
+  for classifier guidance (no samples; :func:`experiments.runs.classifier.load_classifier`);
 * :class:`TrainingFreeRun` (``experiments.sample experiment=cfdm_*`` or ``rdmc_*``): a score
   that needs no training (σ-CFDM's closed form of the training set, rdMC's estimate for a
   target with a log-density), sampled without a checkpoint.
@@ -34,6 +36,7 @@ from experiments.runs.base import (
     train_and_sample,
     train_run,
 )
+from experiments.runs.classifier import ClassifierRun
 from experiments.runs.distill import DistillRun
 from experiments.runs.layout import read_config, saved_steps
 from experiments.runs.score import ScoreRun
@@ -42,12 +45,16 @@ from experiments.runs.training_free import TrainingFreeRun
 
 def run_kind(run_dir: str | Path) -> type[TrainedRun]:
     """The kind of the run in ``run_dir``: :class:`DistillRun` when its config has a
-    ``distill`` section, else :class:`ScoreRun`.
+    ``distill`` section, :class:`ClassifierRun` when it has a ``classifier`` section, else
+    :class:`ScoreRun`.
 
     Raises:
       FileNotFoundError: ``run_dir`` has no ``config.yaml``.
     """
-    return DistillRun if "distill" in read_config(run_dir) else ScoreRun
+    cfg = read_config(run_dir)
+    if "distill" in cfg:
+        return DistillRun
+    return ClassifierRun if "classifier" in cfg else ScoreRun
 
 
 def load_run(run_dir: str | Path, step: int | None = None, sampler_cfg: DictConfig | None = None):
@@ -76,6 +83,7 @@ __all__ = [
     "Run",
     "TrainedRun",
     "ScoreRun",
+    "ClassifierRun",
     "DistillRun",
     "TrainingFreeRun",
     "check_run",

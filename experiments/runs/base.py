@@ -83,14 +83,29 @@ class Run:
         raise NotImplementedError
 
     def write_samples(
-        self, x: np.ndarray, meta: dict, run_dir: Path, *, step: int | None, use_ema: bool = True
+        self,
+        x: np.ndarray,
+        meta: dict,
+        run_dir: Path,
+        *,
+        step: int | None,
+        use_ema: bool = True,
+        labels: np.ndarray | None = None,
     ) -> Path:
-        """Write ``x`` and ``meta`` under ``samples/[step<step>/]<name>`` of ``run_dir``;
-        returns the directory. Non-finite samples are kept, with a warning line."""
+        """Write ``x`` (and the class ``labels`` of conditional samples) and ``meta`` under
+        ``samples/[step<step>/]<name>`` of ``run_dir``; returns the directory. Non-finite
+        samples are kept, with a warning line."""
         out = samples_dir(run_dir, self.samples_name(self.sampling, use_ema), step)
         images = self.data.images
         ref = self.data.reference(2000) if images is None else None
-        save_samples(out, x, meta, reference=ref, levels=None if images is None else images.levels)
+        save_samples(
+            out,
+            x,
+            meta,
+            reference=ref,
+            levels=None if images is None else images.levels,
+            labels=labels,
+        )
         bad = count_nonfinite(x)
         if bad:
             print(
@@ -297,6 +312,7 @@ class TrainedRun(Run):
         if jax.device_count() > 1:  # the draw splits batches over local devices itself
             params = parallel.to_host(params)
         x, info = self.draw(params, progress=progress)
+        labels = info.pop("labels", None)
         meta = {
             "sampler": self.sampling.record,
             "use_ema": use_ema,
@@ -304,7 +320,7 @@ class TrainedRun(Run):
             **info,
             "title": self.title(Path(run_dir), step, info, use_ema),
         }
-        return self.write_samples(x, meta, run_dir, step=step, use_ema=use_ema)
+        return self.write_samples(x, meta, run_dir, step=step, use_ema=use_ema, labels=labels)
 
     def evaluate_samples(self, out: Path, *, seed: int = 0) -> dict:
         """Evaluate the samples in ``out`` as ``experiments.evaluate`` would (2-D and target
@@ -358,10 +374,11 @@ def run_config(run: TrainedRun, run_dir: Path) -> DictConfig:
     """The ``config.yaml`` to write for this launch: ``run.saved_config()``, with the sampler
     of the run's existing ``config.yaml`` unless ``set_default_sampler=true``: a command that
     draws with another sampler does not change which samples later ``experiments.sample``
-    and ``experiments.evaluate`` commands pick by default."""
+    and ``experiments.evaluate`` commands pick by default. A run without a sampler (a
+    classifier run) writes its config as it is."""
     out = run.saved_config()
     path = Path(run_dir) / "config.yaml"
-    if path.is_file() and not run.cfg.get("set_default_sampler"):
+    if path.is_file() and "sampler" in out and not run.cfg.get("set_default_sampler"):
         stored = read_config(run_dir).sampler
         if OmegaConf.to_container(stored) != OmegaConf.to_container(out.sampler):
             print(

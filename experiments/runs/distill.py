@@ -10,6 +10,16 @@ has its own backbone. What this kind adds to the lifecycle (:mod:`experiments.ru
 the teacher and the networks, the :class:`scorelib.distill.DistillState` it checkpoints
 whole, one-step sampling (``samples/step<k>/onestep_1_n<num>_seed<seed>``), and, for
 evaluation, the teacher's data.
+
+Conditioning comes from the teacher: a teacher run trained class-conditionally (its
+``model.num_classes = K > 0``, ``data.labels=true``), or an analytic teacher of labelled data
+(``data.labels=true`` with ``model.num_classes = K``: a target's components, the per-class
+Gaussians or training examples of a data set) makes a class-conditional student
+(``scorelib.distill``: each example draws its class, the real batch brings its own). Its
+one-step samples are drawn for ``sampler.labels`` (null: ``balanced``; a one-step student has
+no trained null label) and saved with their ``labels``; ``distill.teacher_guidance`` guides
+the teacher (classifier-free, lerp weight; it needs a null label the teacher run trained,
+``objective.label_dropout > 0``).
 """
 
 from __future__ import annotations
@@ -28,18 +38,22 @@ from experiments import build
 from experiments.common import unknown_key_line
 from experiments.runs.base import TrainedRun, override_keys
 from experiments.runs.layout import read_config, samples_name
-from experiments.runs.score import ScoreRun
+from experiments.runs.score import ScoreRun, conditioning_name_parts, model_fingerprint_defaults
 from scorelib import distill, parallel
 from scorelib._checks import check_int, require
 from scorelib.nets import MLP
 from scorelib.samplers import draw_samples, get_sampler, make_grid
-from scorelib.scores import EmpiricalScore, fit_gaussian
+from scorelib.scores import EmpiricalScore, Labels, PerClassScore, fit_gaussian
+from scorelib.scores.conditional import ConditionalScore
 
 #: ``distill.*`` fields that configure networks, not ``scorelib.distill.DistillConfig``.
 NETWORK_FIELDS = ("disc_width", "backbone_width", "backbone_depth")
 BACKBONE_FIELDS = ("backbone_width", "backbone_depth")
-#: The ``sampler`` fields of a distillation run: a one-step student has no other.
-SAMPLER_FIELDS = ("num_samples", "batch_size", "seed")
+#: The ``sampler`` fields of a distillation run: a one-step student has no other
+#: (``labels``: a class-conditional student's classes).
+SAMPLER_FIELDS = ("num_samples", "batch_size", "seed", "labels")
+#: The ``sampler.labels`` of a class-conditional student when none is given.
+DEFAULT_LABELS = "balanced"
 #: The teacher's few-step rows beside a student's evaluation: DPM-Solver++(2M) at these NFE.
 TEACHER_FEW_STEP_NFE = (1, 2, 4)
 
@@ -47,15 +61,21 @@ TEACHER_FEW_STEP_NFE = (1, 2, 4)
 @dataclasses.dataclass(frozen=True)
 class OneStep:
     """One-step sampling of the student: ``num_samples`` samples, drawn ``batch_size`` at a
-    time (the samples do not depend on it), example ``b`` from ``fold_in(key(seed), b)``."""
+    time (the samples do not depend on it), example ``b`` from ``fold_in(key(seed), b)``;
+    ``labels`` is ``sampler.labels`` as given (``None``: none given; a class-conditional
+    student then draws :data:`DEFAULT_LABELS`)."""
 
     num_samples: int
     batch_size: int
     seed: int
+    labels: Any = None
 
     @property
     def record(self) -> dict:
-        return {"name": "onestep", "steps": 1, "num_samples": self.num_samples, "seed": self.seed}
+        out = {"name": "onestep", "steps": 1, "num_samples": self.num_samples, "seed": self.seed}
+        if self.labels is not None:
+            out["labels"] = self.labels
+        return out
 
 
 # --------------------------------------------------------------------------- building
@@ -107,12 +127,12 @@ def _check_sections(cfg: DictConfig) -> None:
 
 #: ``teacher.kind`` -> the ``teacher.*`` fields it uses (besides ``kind``).
 TEACHER_KINDS = {
-    "run": ("run_dir", "step", "data_shape"),
-    "target": ("data_shape",),
-    "gaussian": ("data_shape",),
-    "training_set": ("data_shape",),
+    "run": ("run_dir", "step", "data_shape", "num_classes"),
+    "target": ("data_shape", "num_classes"),
+    "gaussian": ("data_shape", "num_classes"),
+    "training_set": ("data_shape", "num_classes"),
 }
-TEACHER_FIELDS = ("kind", "run_dir", "step", "data_shape")
+TEACHER_FIELDS = ("kind", "run_dir", "step", "data_shape", "num_classes")
 
 
 @dataclasses.dataclass
@@ -131,6 +151,8 @@ class Teacher:
     model_cfg: dict
     identity: dict  # what names the teacher in the checkpoint's fingerprint
     disc_inputs: str  # e.g. "4 heads on the teacher network's features 32x32x256, ..."
+    num_classes: int = 0  # K > 0: a class-conditional teacher (and student)
+    null_trained: bool = False  # whether the teacher has a trained null label (guidance)
 
 
 def _check_teacher_fields(cfg: DictConfig) -> str:
@@ -162,7 +184,28 @@ def _check_teacher_fields(cfg: DictConfig) -> str:
             "null or a list of positive integers",
             shape,
         )
+    if tc.get("num_classes") is not None:
+        check_int(tc.num_classes, "teacher.num_classes", low=0)
     return kind
+
+
+def check_teacher_classes(num_classes: int, expected, where: str) -> None:
+    """Refuse a teacher of other classes than ``teacher.num_classes`` (``None``: any).
+
+    Raises:
+      ValueError: ``<where>: ...`` naming ``teacher.num_classes``.
+    """
+    if expected is None or int(expected) == num_classes:
+        return
+    what = f"{num_classes} classes" if num_classes else "unconditional (no classes)"
+    raise ValueError(
+        f"{where}: the teacher is {what}; teacher.num_classes={expected} expects "
+        + (
+            f"a class-conditional teacher of {expected} classes"
+            if expected
+            else "an unconditional one"
+        )
+    )
 
 
 def check_teacher_run(run_cfg: DictConfig, data_shape, expected, field: str) -> None:
@@ -229,9 +272,16 @@ def _teacher_from_run(cfg: DictConfig) -> Teacher:
     check_teacher_run(
         run_cfg, build.build_data(run_cfg).data_shape, expected, f"teacher.run_dir={run_dir}"
     )
+    check_teacher_classes(
+        int(OmegaConf.select(run_cfg, "model.num_classes") or 0),
+        cfg.teacher.get("num_classes"),
+        f"teacher.run_dir={run_dir}",
+    )
     run, tstate = ScoreRun.load(run_dir, step=cfg.teacher.get("step"))
     params = tstate.ema_params
     graphdef, data = run.graphdef, run.data
+    source = run.source(params)
+    k = source.num_classes if isinstance(source, ConditionalScore) else 0
     x = jax.ShapeDtypeStruct((1, *data.data_shape), np.float32)
     c = jax.ShapeDtypeStruct((1,), np.float32)
     feats = jax.eval_shape(
@@ -242,7 +292,7 @@ def _teacher_from_run(cfg: DictConfig) -> Teacher:
         shapes, cfg.distill.disc_width, rngs=nnx.Rngs(cfg.trainer.seed + 1)
     )
     return Teacher(
-        source=run.source(params),
+        source=source,
         process=run.process,
         data=data,
         sigma_data=float(run.cfg.data.sigma_data),
@@ -257,6 +307,8 @@ def _teacher_from_run(cfg: DictConfig) -> Teacher:
             "teacher_step": cfg.teacher.get("step"),
         },
         disc_inputs=_heads_on("the teacher network's", shapes),
+        num_classes=k,
+        null_trained=run.null_trained,
     )
 
 
@@ -282,8 +334,14 @@ def _teacher_without_network(cfg: DictConfig, kind: str) -> Teacher:
         )
     process = build.build_process(cfg)
     data = build.build_data(cfg)
+    build.check_conditioning(cfg, data)  # model.num_classes: the data's classes, or 0
+    k = data.num_classes
+    check_teacher_classes(k, cfg.teacher.get("num_classes"), f"data={cfg.data.get('name')}")
     if kind == "target":
-        source = data.target.noisy_score(process)
+        if k:  # the components' exact scores, weighted by the mixture (a PerClassScore)
+            source = data.target.noisy_score(process, conditional=True)
+        else:
+            source = data.target.noisy_score(process)
         identity = {"teacher": _fields(cfg.data.target)}
     else:
         if data.images is None:
@@ -293,10 +351,13 @@ def _teacher_without_network(cfg: DictConfig, kind: str) -> Teacher:
                 f"data={cfg.data.get('name')}"
             )
         train = data.images.train
-        if kind == "gaussian":
-            source = fit_gaussian(process, train)
-        else:
-            source = EmpiricalScore.create(process, train)
+        fit = (
+            (lambda x: fit_gaussian(process, x))
+            if kind == "gaussian"
+            else (lambda x: EmpiricalScore.create(process, x))
+        )
+        labels = data.images.train_labels
+        source = PerClassScore.from_labelled(fit, train, labels, k) if k else fit(train)
         identity = {"teacher": kind, "data": _fields(cfg.data)}
     expected = cfg.teacher.get("data_shape")
     if expected is not None and list(data.data_shape) != list(expected):
@@ -308,7 +369,9 @@ def _teacher_without_network(cfg: DictConfig, kind: str) -> Teacher:
     fake = nnx.split(build.build_model(cfg, data.data_shape, seed + 1), nnx.Param)[1]
     width = check_int(cfg.distill.backbone_width, "distill.backbone_width", low=1)
     depth = check_int(cfg.distill.backbone_depth, "distill.backbone_depth", low=1)
-    backbone = MLP(data.data_shape, width=width, depth=depth, rngs=nnx.Rngs(seed + 2))
+    backbone = MLP(
+        data.data_shape, width=width, depth=depth, num_classes=k, rngs=nnx.Rngs(seed + 2)
+    )
     disc = distill.Discriminator(
         [(width,)] * depth, cfg.distill.disc_width, backbone, rngs=nnx.Rngs(seed + 1)
     )
@@ -325,6 +388,8 @@ def _teacher_without_network(cfg: DictConfig, kind: str) -> Teacher:
         model_cfg=_fields(cfg.model),
         identity=identity,
         disc_inputs=_heads_on("its MLP backbone's", [(width,)] * depth),
+        num_classes=k,
+        null_trained=k > 0,  # an exact teacher's null label is its pooled law
     )
 
 
@@ -339,6 +404,46 @@ def build_teacher(cfg: DictConfig) -> Teacher:
     if kind == "run":
         return _teacher_from_run(cfg)
     return _teacher_without_network(cfg, kind)
+
+
+def student_labels(sampling: OneStep, num_classes: int) -> Labels | None:
+    """The :class:`scorelib.scores.Labels` rule of the student's one-step samples:
+    ``sampler.labels`` (:func:`experiments.build.build_labels`), :data:`DEFAULT_LABELS` when
+    it is null for a class-conditional student (whose null label was never trained: a
+    one-step student is only ever conditioned on a class), ``None`` for an unconditional one.
+
+    Raises:
+      ValueError: naming ``sampler.labels`` for labels of an unconditional student, or
+        classes outside ``[0, num_classes)``.
+    """
+    value = sampling.labels
+    if value is None and num_classes > 0:
+        value = DEFAULT_LABELS
+    return build.build_labels(value, num_classes, "sampler.labels")
+
+
+def check_teacher_guidance(dcfg: distill.DistillConfig, teacher: Teacher) -> None:
+    """Refuse ``distill.teacher_guidance != 1`` for an unconditional teacher or a teacher run
+    whose null label was never trained (``objective.label_dropout = 0``: its unconditional
+    score is untrained), before anything is compiled.
+
+    Raises:
+      ValueError: naming ``distill.teacher_guidance``.
+    """
+    w = dcfg.teacher_guidance
+    if w == 1:
+        return
+    if teacher.num_classes == 0:
+        raise ValueError(
+            f"distill.teacher_guidance must be 1 for an unconditional teacher (classifier-free "
+            f"guidance needs a class-conditional teacher: model.num_classes > 0); got {w}"
+        )
+    if not teacher.null_trained:
+        raise ValueError(
+            "distill.teacher_guidance must be 1: the teacher run's null label (its "
+            "unconditional score) was never trained (objective.label_dropout = 0); got "
+            f"{w} (train the teacher with objective.label_dropout > 0)"
+        )
 
 
 # --------------------------------------------------------------------------- the run
@@ -359,6 +464,7 @@ class DistillRun(TrainedRun):
     dcfg: distill.DistillConfig
     sampling: OneStep
     disc_inputs: str = ""  # what the discriminator heads read (printed at the start)
+    labels: Labels | None = None  # a class-conditional student's classes (sampler.labels)
 
     @classmethod
     def build(cls, cfg: DictConfig, mesh=None) -> DistillRun:
@@ -371,7 +477,9 @@ class DistillRun(TrainedRun):
 
         Raises:
           ValueError, FileNotFoundError: naming the config field (``trainer.batch_size``
-            not a multiple of the number of devices, too).
+            not a multiple of the number of devices; ``sampler.labels`` for an
+            unconditional student or outside the classes; ``distill.teacher_guidance`` of
+            an unconditional teacher or of a teacher run without a trained null label).
         """
         _check_sections(cfg)
         tc = cfg.trainer
@@ -380,6 +488,9 @@ class DistillRun(TrainedRun):
             parallel.check_batch_size(tc.batch_size, mesh)
         t = build_teacher(cfg)
         dcfg = distill_config(cfg, t.process)
+        check_teacher_guidance(dcfg, t)
+        sampling = cls.sampling_of(cfg)
+        labels = student_labels(sampling, t.num_classes)
         disc_graphdef, disc_params = nnx.split(t.disc, nnx.Param)
         oc = cfg.optim
         opts = {
@@ -392,7 +503,7 @@ class DistillRun(TrainedRun):
             state, source = parallel.shard(state, mesh), parallel.shard(source, mesh)
             if teacher_net is not None:
                 teacher_net = (teacher_net[0], parallel.shard(teacher_net[1], mesh))
-        nets = distill.Networks(t.graphdef, disc_graphdef, teacher_net, t.sigma_data)
+        nets = distill.Networks(t.graphdef, disc_graphdef, teacher_net, t.sigma_data, t.num_classes)
         step_fn = distill.make_distill_step(
             source,
             nets,
@@ -421,8 +532,9 @@ class DistillRun(TrainedRun):
             sigma_data=t.sigma_data,
             nets=nets,
             dcfg=dcfg,
-            sampling=cls.sampling_of(cfg),
+            sampling=sampling,
             disc_inputs=t.disc_inputs,
+            labels=labels,
         )
 
     def announce(self) -> None:
@@ -438,12 +550,21 @@ class DistillRun(TrainedRun):
         return self._one_step(params, num_samples, seed, batch_size, progress=False)[0]
 
     def draw(self, params, *, progress: bool = True):
+        """The run's one-step samples and their info; for a class-conditional student
+        ``info["labels"]``, the ``[num_samples]`` class of each sample (saved beside them)."""
         s = self.sampling
-        return self._one_step(params, s.num_samples, s.seed, s.batch_size, progress=progress)
+        x, info = self._one_step(params, s.num_samples, s.seed, s.batch_size, progress=progress)
+        if self.labels is not None:
+            info["labels"] = np.asarray(self.labels.take(jax.random.key(s.seed), 0, len(x)))
+        return x, info
 
     def _one_step(self, params, num_samples, seed, batch_size, *, progress):
         sample = distill.one_step_sampler(
-            self.nets.model, self.dcfg.sigma_g, self.sigma_data, self.dcfg.sigma_refine
+            self.nets.model,
+            self.dcfg.sigma_g,
+            self.sigma_data,
+            self.dcfg.sigma_refine,
+            labels=self.labels,
         )
         return draw_samples(
             sample,
@@ -457,8 +578,20 @@ class DistillRun(TrainedRun):
         )
 
     def fingerprint_defaults(self) -> dict:
-        """A checkpoint written before ``distill.sigma_refine`` existed had no refining stage."""
-        return {"distill.sigma_refine": None}
+        """A checkpoint written before a field existed had its default: no refining stage
+        (``distill.sigma_refine``), no teacher guidance (``distill.teacher_guidance``), an
+        unconditional model (``model.num_classes``; the other fields of the model's schema,
+        :func:`experiments.runs.score.model_fingerprint_defaults`, for the kinds without a
+        teacher run) and unlabelled data (``data.labels``, in the identity of the Gaussian
+        and training-set teachers)."""
+        return {
+            # model.num_classes: 0, ... (the command's model: teachers without a run)
+            **(model_fingerprint_defaults(self.cfg) if self.cfg.get("model") else {}),
+            "model.num_classes": 0,
+            "distill.sigma_refine": None,
+            "distill.teacher_guidance": 1.0,
+            "data.labels": False,
+        }
 
     def title(self, run_dir: Path, step: int, info: dict, use_ema: bool) -> str:
         nfe = distill.generator_nfe(self.dcfg.sigma_refine)
@@ -469,18 +602,27 @@ class DistillRun(TrainedRun):
 
     @classmethod
     def samples_name(cls, sampling: OneStep, use_ema: bool = True) -> str:
-        """``onestep_1_n<num>_seed<seed>[+use_ema-false]``."""
+        """``onestep_1_n<num>_seed<seed>[+labels-<labels>][+use_ema-false]`` (``labels`` when
+        ``sampler.labels`` is given: a list joined by ``_``)."""
         return samples_name(
-            "onestep_1", num_samples=sampling.num_samples, seed=sampling.seed, use_ema=use_ema
+            "onestep_1",
+            num_samples=sampling.num_samples,
+            seed=sampling.seed,
+            extras=conditioning_name_parts(sampling.record),
+            use_ema=use_ema,
         )
 
     @classmethod
     def sampling_of(cls, cfg: DictConfig) -> OneStep:
         sc = cfg.sampler
+        labels = sc.get("labels")
+        if OmegaConf.is_config(labels):
+            labels = OmegaConf.to_container(labels, resolve=True)
         return OneStep(
             num_samples=check_int(sc.num_samples, "sampler.num_samples", low=1),
             batch_size=check_int(sc.batch_size, "sampler.batch_size", low=1),
             seed=check_int(sc.seed, "sampler.seed", low=0),
+            labels=labels,
         )
 
     @classmethod
@@ -493,14 +635,16 @@ class DistillRun(TrainedRun):
         """
         for key in override_keys(overrides):
             if key.startswith("sampler") and key.split(".", 1)[-1] not in SAMPLER_FIELDS:
+                guidance = " (the teacher's guidance is distilled: distill.teacher_guidance)"
                 raise ValueError(
                     f"{key}: a distilled student samples in one step; only "
-                    "sampler.num_samples, sampler.batch_size and sampler.seed apply; got "
+                    "sampler.num_samples, sampler.batch_size, sampler.seed and sampler.labels "
+                    f"apply{guidance if 'guidance' in key else ''}; got "
                     f"{next(o for o in overrides if key in o)}"
                 )
         given = {k: cmd.sampler.get(k) for k in SAMPLER_FIELDS}
         return OmegaConf.create(
-            {k: run_cfg.sampler[k] if v is None else v for k, v in given.items()}
+            {k: run_cfg.sampler.get(k) if v is None else v for k, v in given.items()}
         )
 
     @classmethod
@@ -509,7 +653,9 @@ class DistillRun(TrainedRun):
         teacher run's own sampler (Heun, 35 NFE for the digits preset) and DPM-Solver++(2M)
         at :data:`TEACHER_FEW_STEP_NFE` on the EDM grid down to the teacher sampler's lowest
         level (its ``sigma_min`` on the EDM grid, else 0.002; not tuned on the test split).
-        None without a teacher run (an analytic teacher has no sampler to compare).
+        A class-conditional teacher draws each sample for the class the run's own one-step
+        samples have (``sampler.labels``, the same key). None without a teacher run (an
+        analytic teacher has no sampler to compare).
 
         Returns:
           ``{label: (nfe, samples [num_samples, *data_shape])}``.
@@ -518,6 +664,10 @@ class DistillRun(TrainedRun):
             return {}
         teacher, state = ScoreRun.load(run_cfg.teacher.run_dir, step=run_cfg.teacher.get("step"))
         source = teacher.source(state.ema_params)
+        k = source.num_classes if isinstance(source, ConditionalScore) else 0
+        rule = student_labels(cls.sampling_of(run_cfg), k)
+        if rule is not None:  # the teacher draws the classes the student's samples have
+            source = source.conditioned(rule)
         own = teacher.sampling
         sigma_min = own.record.get("sigma_min") if own.record["grid"] == "edm" else None
         samplings = {f"teacher, {own.name} {own.record['steps']} steps": own}

@@ -32,20 +32,24 @@ from scorelib.metrics import (
     FeatureExtractor,
     bits_per_dim,
     c2st,
+    conditional_accuracy,
     dequantise,
     fd_features,
     fd_floor,
     memorisation_stats,
     mnist_subset_config,
+    per_class_two_sample,
     precision_recall,
     sample_distances,
 )
 from scorelib.metrics.baselines import gaussian_baseline
 from scorelib.metrics.classifier import ClassifierConfig, default_cache_dir
+from scorelib.metrics.two_sample import default_classifier_for
 from scorelib.scores.gaussian_fit import fit_gaussian
 
 CLASSIFIERS = {"digits": ClassifierConfig, "mnist": mnist_subset_config}
 MIN_TWO_SAMPLE = 10  # fewest samples for 5-fold C2ST and k = 3 precision/recall
+MIN_PER_CLASS = 10  # fewest samples of a class for its two-sample tests (as MIN_TWO_SAMPLE)
 POINT_FLOOR_DRAWS = 8  # draws of the data behind a point floor's mean and std (about 1 s each
 # at 4,000 points in 2-D); the std of 8 draws is good to about 25%
 
@@ -85,8 +89,10 @@ def _two_sample_rows(sets, ref, ref_feats, feats, *, seed: int) -> dict:
     pixels and (with ``feats``) in classifier features: ``{row: {metric: value}}`` for one
     draw."""
     out = {}
+    # the default classifier itself from 38 per set; below, leaves that can split
+    clf = default_classifier_for(ref.shape[0], seed=seed)
     for row, x in sets.items():
-        px, pr_px = c2st(x, ref, seed=seed), precision_recall(ref, x)
+        px, pr_px = c2st(x, ref, seed=seed, classifier=clf), precision_recall(ref, x)
         out[row] = {
             "c2st_pixels": px["accuracy"],
             "c2st_pixels_se": px["se"],
@@ -95,7 +101,7 @@ def _two_sample_rows(sets, ref, ref_feats, feats, *, seed: int) -> dict:
         }
         if feats is not None:
             ft, pr_ft = (
-                c2st(feats[row], ref_feats, seed=seed),
+                c2st(feats[row], ref_feats, seed=seed, classifier=clf),
                 precision_recall(ref_feats, feats[row]),
             )
             out[row].update(
@@ -116,13 +122,16 @@ def evaluate_images(
     floor_draws: int = 20,
     two_sample_draws: int = 3,
     source=None,
+    labels=None,
     progress: bool = False,
 ) -> dict:
     """Every image metric of ``samples`` against the test split, each beside its floor and
     the Gaussian-fit baseline: FD, the classifier two-sample test, precision/recall,
     sliced W2, bits/dim (with ``source``) and memorisation. Data without a bundled feature
     classifier (``data=npz``) get every metric that needs none: the pixel two-sample test
-    and precision/recall, sliced W2, memorisation.
+    and precision/recall, sliced W2, memorisation. Conditional samples (``labels``) get,
+    beside these pooled metrics, the classifier's accuracy against their labels and the
+    two-sample tests per class (:func:`conditional_rows`).
 
     Samples are first clipped and quantised to the data's own grey levels
     (:func:`scorelib.data.images.quantise` with ``dataset.levels``), as saving them would;
@@ -155,6 +164,7 @@ def evaluate_images(
       floor_draws: number of FD floor draws (>= 1).
       two_sample_draws: number of C2ST / precision-recall draws per row (>= 1).
       source: the model's score source; ``None`` leaves bits/dim out.
+      labels: ``[n]`` int class of each sample (conditional samples), or ``None``.
       progress: a tqdm bar over the stages.
 
     Returns:
@@ -169,10 +179,13 @@ def evaluate_images(
       ``source``: ``bpd_n``, ``bpd``, ``bpd_se``, ``bpd_gaussian``, ``bpd_uniform``,
       ``bpd_options``; ``sliced_w2_<row>``; and the memorisation statistics of the samples
       and of the test split. Without a classifier the ``fd*`` and ``*_features`` keys are
-      left out.
+      left out. With ``labels``: ``conditional`` (True) and the keys of
+      :func:`conditional_rows`.
 
     Raises:
-      ValueError: for non-finite samples, or fewer than ``MIN_TWO_SAMPLE`` samples.
+      ValueError: for non-finite samples, fewer than ``MIN_TWO_SAMPLE`` samples, or labels
+        that are not ``[n]`` classes of the data with ``MIN_PER_CLASS`` samples of each
+        (:func:`check_sample_labels`).
     """
     check_finite(samples)
     two_sample_draws = check_int(two_sample_draws, "two_sample_draws", low=1)
@@ -181,10 +194,13 @@ def evaluate_images(
             f"the two-sample test and precision/recall need at least {MIN_TWO_SAMPLE} samples "
             f"(5 folds, 3 neighbours); got {samples.shape[0]}: draw more (sampler.num_samples)"
         )
+    if labels is not None:
+        labels = check_sample_labels(labels, samples.shape[0], dataset, "labels")
+        check_class_sizes(labels)
     samples = quantise(samples, dataset.levels)
     n = samples.shape[0]
     has_classifier = data_name in CLASSIFIERS
-    stages = 4 + 2 * has_classifier + (source is not None)
+    stages = 4 + 2 * has_classifier + (source is not None) + (labels is not None)
     with _stages(stages, progress) as stage:
         stage("Gaussian baseline")
         gauss = quantise(gaussian_baseline(dataset.train, n, seed=seed), dataset.levels)
@@ -217,12 +233,145 @@ def evaluate_images(
         out.update(_sliced_w2_rows(samples, gauss, dataset, seed=seed))
         stage("two-sample tests")
         out.update(_two_sample(samples, gauss, dataset, feats, seed=seed, draws=two_sample_draws))
+        if labels is not None:
+            stage("per-class tests")
+            out.update(
+                conditional_rows(
+                    samples, labels, dataset, ext if has_classifier else None, feats, seed=seed
+                )
+            )
         if source is not None:
             stage("bits/dim")
             out.update(_likelihoods(source, dataset, seed=seed))
         stage("memorisation")
         mem = memorisation_stats(samples, dataset.train, reference=dataset.test)
     out.update({f"mem_{k}": v for k, v in mem.items()})
+    return out
+
+
+def check_sample_labels(labels, n: int, dataset, where: str) -> np.ndarray:
+    """``labels`` as an int64 ``[n]`` array of classes of ``dataset`` (those of its test
+    split, which the per-class tests compare with).
+
+    Args:
+      labels: the labels of ``n`` samples.
+      n: the number of samples.
+      dataset: the run's ``ImageDataset``.
+      where: what the message names (``"labels"``, or ``"samples=<file>: labels"``).
+
+    Raises:
+      ValueError: one line naming ``where``: not ``[n]`` integers, a data set without
+        labels, or a label that is not a class of the test split.
+    """
+    y = np.asarray(labels)
+    if y.shape != (n,) or not np.issubdtype(y.dtype, np.integer):
+        raise ValueError(
+            f"{where} must be [{n}] integer classes (one per sample); got shape {y.shape}, "
+            f"dtype {y.dtype}"
+        )
+    if dataset.test_labels is None or dataset.train_labels is None:
+        raise ValueError(
+            f"{where} must be absent: the data set {dataset.name!r} has no class labels to "
+            f"evaluate conditional samples against; got {y.size} labels"
+        )
+    classes = np.unique(dataset.test_labels)
+    bad = np.setdiff1d(np.unique(y), classes)
+    if bad.size:
+        shown = f"{int(classes[0])}..{int(classes[-1])}"
+        if not np.array_equal(classes, np.arange(classes[0], classes[-1] + 1)):
+            shown = str([int(c) for c in classes])
+        raise ValueError(
+            f"{where} must be classes of the data ({shown}); got {int(bad[0])} "
+            f"({int(np.sum(y == bad[0]))} samples)"
+            + (f" and {bad.size - 1} more classes outside them" if bad.size > 1 else "")
+        )
+    return y.astype(np.int64)
+
+
+def check_class_sizes(labels) -> None:
+    """Raise ValueError unless every class of ``labels`` has ``MIN_PER_CLASS`` samples."""
+    classes, counts = np.unique(labels, return_counts=True)
+    if counts.min() < MIN_PER_CLASS:
+        c = int(classes[np.argmin(counts)])
+        raise ValueError(
+            f"the per-class two-sample tests need at least {MIN_PER_CLASS} samples of each "
+            f"class (5 folds, 3 neighbours); class {c} has {int(counts.min())} of "
+            f"{len(labels)}: draw more (sampler.num_samples)"
+        )
+
+
+#: The per-class statistics of :func:`conditional_rows` (without ``_features`` when there is
+#: no classifier).
+PER_CLASS_METRICS = ("c2st", "precision", "recall")
+
+
+def conditional_rows(samples, labels, dataset, ext, feats, *, seed: int) -> dict:
+    """The conditional rows of :func:`evaluate_images`: the classifier's accuracy on the
+    samples against their labels beside its accuracy on the test split (the floor;
+    :func:`scorelib.metrics.conditional_accuracy`), and for each class of the labels the
+    C2ST and precision/recall of the samples of that class against the test images of that
+    class, beside as many training images of the class (the floor;
+    :func:`scorelib.metrics.per_class_two_sample`, 5 folds, k = 3, pixels and classifier
+    features). The pooled rows of :func:`evaluate_images` are the label-blind tests.
+
+    Args:
+      samples: ``[n, H, W, C]`` quantised samples.
+      labels: ``[n]`` int classes of the data (:func:`check_sample_labels`).
+      dataset: the ``ImageDataset`` (``test_labels``, ``train_labels``).
+      ext: the ``FeatureExtractor``, or ``None`` (no accuracy, pixels only).
+      feats: ``(samples, gaussian, train, test)`` features of ``ext``, or ``None``.
+      seed: seed of the per-class draws and folds.
+
+    Returns:
+      dict: ``conditional`` (True), ``per_class_classes``, ``per_class_n`` (lists: the
+      classes of the labels and the set size of each); for ``metric`` in
+      ``c2st``/``precision``/``recall``, ``space`` in ``pixels``/``features`` and ``row``
+      in ``samples``/``floor``: ``per_class_{metric}_{space}_{row}`` (mean over classes),
+      ``..._min``, ``..._max`` and ``..._values`` (a list over classes); with ``ext``:
+      ``accuracy_samples``, ``accuracy_samples_se``, ``accuracy_samples_n``,
+      ``accuracy_floor``, ``accuracy_floor_se``, ``accuracy_floor_n`` and
+      ``accuracy_per_class_samples``, ``accuracy_per_class_floor`` (lists over
+      ``per_class_classes``).
+    """
+    out = {"conditional": True}
+    features = {}
+    if ext is not None:
+        acc = conditional_accuracy(ext.predict(samples), labels)
+        floor = conditional_accuracy(ext.predict(dataset.test), dataset.test_labels)
+        floor_of = dict(zip(floor["classes"], floor["per_class_accuracy"], strict=True))
+        out.update(
+            accuracy_samples=acc["accuracy"],
+            accuracy_samples_se=acc["se"],
+            accuracy_samples_n=acc["n"],
+            accuracy_floor=floor["accuracy"],
+            accuracy_floor_se=floor["se"],
+            accuracy_floor_n=floor["n"],
+            accuracy_per_class_samples=acc["per_class_accuracy"],
+            accuracy_per_class_floor=[floor_of[c] for c in acc["classes"]],
+        )
+    if feats is not None:
+        features = dict(
+            sample_features=feats[0], reference_features=feats[3], floor_features=feats[2]
+        )
+    r = per_class_two_sample(
+        samples,
+        labels,
+        dataset.test,
+        dataset.test_labels,
+        floor=dataset.train,
+        floor_labels=dataset.train_labels,
+        seed=seed,
+        pooled=False,
+        **features,
+    )
+    out.update(per_class_classes=r["classes"], per_class_n=r["n"])
+    for row in r["rows"]:
+        for space in r["spaces"]:
+            for metric in PER_CLASS_METRICS:
+                key, name = f"{metric}_{space}", f"per_class_{metric}_{space}_{row}"
+                out[name] = r["mean"][row][key]
+                out[f"{name}_min"], out[f"{name}_max"] = r["min"][row][key], r["max"][row][key]
+                out[f"{name}_values"] = r["per_class"][row][key]
     return out
 
 
@@ -362,8 +511,79 @@ def _image_fd_lines(r: dict, name: str, n: str) -> list[str]:
     ]
 
 
+def _conditional_lines(r: dict, name: str) -> list[str]:
+    """The table of conditional samples (:func:`conditional_rows`) and how to read it."""
+    classes, sizes = r["per_class_classes"], r["per_class_n"]
+    accuracy = "accuracy_samples" in r
+    spaces = ["pixels"] + (["features"] if "per_class_c2st_features_samples" in r else [])
+    each = f"{min(sizes)}" if min(sizes) == max(sizes) else f"{min(sizes)}-{max(sizes)}"
+    which = f"{len(classes)} classes" if len(classes) > 1 else f"class {classes[0]} only"
+
+    def stat(metric, space, row, spread=True):
+        key = f"per_class_{metric}_{space}_{row}"
+        if not spread or len(classes) == 1:
+            return f"{r[key]:.2f}"
+        return f"{r[key]:.2f} [{r[key + '_min']:.2f}, {r[key + '_max']:.2f}]"
+
+    head = (
+        f"| conditional samples, {which}: {each} of each vs the test images of their class "
+        "(mean over classes [lowest, highest]) |"
+    )
+    if accuracy:
+        head += " classifier accuracy vs labels |"
+    head += "".join(f" C2ST {s} |" for s in spaces)
+    head += "".join(f" precision / recall, {s} |" for s in spaces)
+    ncol = 1 + accuracy + 2 * len(spaces)
+    lines = [head, "|---" * ncol + "|"]
+    for label, row in (("samples", "samples"), ("training images of the class (floor)", "floor")):
+        line = f"| {label} |"
+        if accuracy:
+            se = f"{r[f'accuracy_{row}']:.3f} +- {r[f'accuracy_{row}_se']:.3f}"
+            line += f" {se}{' (test images)' if row == 'floor' else ''} |"
+        line += "".join(f" {stat('c2st', s, row)} |" for s in spaces)
+        line += "".join(
+            f" {stat('precision', s, row, False)} / {stat('recall', s, row, False)} |"
+            for s in spaces
+        )
+        lines.append(line)
+    one_se = 1.0 / math.sqrt(8 * min(sizes))
+    text = []
+    if accuracy:
+        text.append(
+            f"Accuracy: the bundled {name} classifier's class for each of the "
+            f"{r['accuracy_samples_n']:,} samples against the label it was drawn for "
+            f"(+- binomial s.e.), beside its accuracy on the {r['accuracy_floor_n']:,} test "
+            "images (the floor): well below it, samples of the wrong class or unrecognisable; "
+            "above it, samples more typical of their class than real images (as guidance "
+            "makes them: read recall)."
+        )
+    text.append(
+        "Per class: the samples of each class against as many test images of that class "
+        "(C2ST and k-NN precision/recall as in the pooled table below); floor: as many "
+        "training images of the class. A sampler that ignores its labels passes the pooled "
+        "tests but not these (per-class C2ST high, precision low); one that drops modes "
+        f"within a class loses per-class recall. One class's C2ST has a standard error of "
+        f"about {one_se:.2f} at {min(sizes)} per set."
+    )
+    if len(classes) > 1:
+        worst = []
+        if accuracy:
+            v = r["accuracy_per_class_samples"]
+            i = int(np.argmin(v))
+            worst.append(f"accuracy {classes[i]} ({v[i]:.2f})")
+        for metric, pick in (("c2st", np.argmax), ("recall", np.argmin)):
+            for sp in spaces:
+                v = r[f"per_class_{metric}_{sp}_samples_values"]
+                i = int(pick(v))
+                what = "C2ST" if metric == "c2st" else metric
+                worst.append(f"{what} {sp} {classes[i]} ({v[i]:.2f})")
+        text.append(f"Worst classes: {', '.join(worst)}.")
+    return lines + ["", " ".join(text), ""]
+
+
 def format_image_table(r: dict, name: str) -> str:
-    """Markdown tables of :func:`evaluate_images`'s result."""
+    """Markdown tables of :func:`evaluate_images`'s result (conditional samples: their
+    table first, :func:`_conditional_lines`)."""
     n = f"{r['n']:,}"
     features = "fd" in r
     if features:
@@ -439,6 +659,8 @@ def format_image_table(r: dict, name: str) -> str:
             f"| Gaussian fit to the dequantised training images | {r['bpd_gaussian']:.2f} |",
             f"| uniform over the {r['levels']} levels | {r['bpd_uniform']:.2f} |",
         ]
+    if r.get("conditional"):
+        lines = _conditional_lines(r, name) + lines
     return "\n".join(lines)
 
 
@@ -530,6 +752,29 @@ def load_samples(path: Path) -> np.ndarray:
         raise ValueError(f"samples={path} must be a .npz file: {e}") from e
 
 
+def load_labels(path: Path) -> np.ndarray | None:
+    """The ``labels`` array of a samples ``.npz`` (conditional samples: the class of each
+    sample, as ``experiments.sample`` writes it), or ``None`` when it holds none.
+
+    Raises:
+      ValueError: naming ``samples=`` when the file is not a ``.npz``, or its labels are not
+        ``[n]`` integers, one per sample.
+    """
+    try:
+        with np.load(path) as z:
+            if "labels" not in z.files:
+                return None
+            labels, n = z["labels"], (z["samples"].shape[0] if "samples" in z.files else None)
+    except (OSError, EOFError) as e:
+        raise ValueError(f"samples={path} must be a .npz file: {e}") from e
+    if n is not None and (labels.shape != (n,) or not np.issubdtype(labels.dtype, np.integer)):
+        raise ValueError(
+            f"samples={path}: labels must be [{n}] integer classes (one per sample); "
+            f"got shape {labels.shape}, dtype {labels.dtype}"
+        )
+    return labels
+
+
 def sample_meta(path: Path) -> dict:
     """The ``samples.json`` beside the samples file ``path`` (``{}`` when there is none)."""
     try:
@@ -569,6 +814,7 @@ def evaluate_and_write(
     extra: dict | None = None,
     rows: dict | None = None,
     nfe: int | None = None,
+    labels: np.ndarray | None = None,
 ) -> dict:
     """Evaluate ``samples`` against ``data`` (:func:`evaluate_images` for image data,
     :func:`evaluate_points` against ``data.reference`` otherwise), write ``eval.json`` and
@@ -593,6 +839,9 @@ def evaluate_and_write(
         teacher) evaluated the same way and shown beside ``samples`` in one table
         (:func:`format_comparison`); their results go to ``eval.json`` under ``rows``.
       nfe: the network evaluations per sample of ``samples`` (for that table).
+      labels: ``[n]`` int class of each sample (conditional samples): image data add the
+        accuracy and per-class rows (:func:`conditional_rows`); 2-D data and targets are
+        evaluated as before, with a line saying the labels were not used.
 
     Returns:
       the result dict (also in ``eval.json``).
@@ -608,6 +857,7 @@ def evaluate_and_write(
             seed=seed,
             cache_dir=cache_dir,
             source=source,
+            labels=labels,
             progress=True,
         )
         table = format_image_table(result, data.name)
@@ -629,6 +879,11 @@ def evaluate_and_write(
         result = evaluate_points(samples, ref, seed=seed, prior=prior, floors=floors, train=train)
         result.update(extra or {})
         table = format_points_table(result)
+        if labels is not None:
+            table += (
+                "\n\nThe samples' class labels are not used: per-class metrics are computed "
+                "for images only."
+            )
     result.update(extra or {})
     atomic_write_text(Path(out_dir) / "eval.json", json.dumps(result, indent=2))
     atomic_write_text(Path(out_dir) / "eval.md", table + "\n")

@@ -21,6 +21,13 @@ from experiments.schema import TRAINER_NOT_IDENTITY
 from scorelib.training.checkpoint import flatten_config
 
 _ABSENT = "<absent>"
+#: Fields of the configs without a schema (``configs/distill.yaml``: ``teacher``, ``distill``)
+#: added after runs were written, with the value an absent field stands for (a schema
+#: field's comes from the schema, :func:`schema_default`): the behaviour before the field.
+ADDED_FIELDS = {
+    "distill.teacher_guidance": 1.0,  # no classifier-free guidance of the teacher
+    "teacher.num_classes": None,  # any teacher's classes
+}
 #: Top-level config fields that are not part of a run's identity.
 NOT_IDENTITY = ("sampler", "name", "cluster", "set_default_sampler")
 
@@ -57,12 +64,14 @@ def schema_default(cfg: DictConfig, key: str):
 
 def identity_diffs(old: dict, new: dict, cfg: DictConfig) -> list[str]:
     """The fields where two identities differ. A field absent from ``old`` (a run written
-    before the field existed) counts as equal when ``new`` holds its schema default: a new
-    option's default keeps the behaviour the library had before it."""
+    before the field existed) counts as equal when ``new`` holds its schema default (or its
+    :data:`ADDED_FIELDS` value): a new option's default keeps the behaviour the library had
+    before it."""
     diffs = []
     for k in sorted(set(old) | set(new)):
         a, b = old.get(k, _ABSENT), new.get(k, _ABSENT)
-        if a == b or (a == _ABSENT and b == schema_default(cfg, k)):
+        default = ADDED_FIELDS[k] if k in ADDED_FIELDS else schema_default(cfg, k)
+        if a == b or (a == _ABSENT and b == default):
             continue
         diffs.append(f"{k}: run {a!r}, this command {b!r}")
     return diffs

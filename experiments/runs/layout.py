@@ -98,8 +98,10 @@ def save_samples(
     reference: np.ndarray | None = None,
     *,
     levels: int | None = None,
+    labels: np.ndarray | None = None,
 ):
-    """Write ``samples.npz`` (key ``samples``), ``samples.json`` (meta) and ``samples.png``.
+    """Write ``samples.npz`` (key ``samples``, and ``labels`` for conditional samples),
+    ``samples.json`` (meta) and ``samples.png``.
 
     Args:
       out_dir: directory (created).
@@ -108,9 +110,13 @@ def save_samples(
       reference: optional real data drawn beside 2-D samples.
       levels: the data's grey levels (images): the PNG shows the samples clipped and
         quantised to them, as evaluation sees them; ``samples.npz`` keeps the raw values.
+      labels: ``[n]`` int class of each sample (conditional samples), or ``None``.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_savez(out_dir / "samples.npz", samples=np.asarray(samples))
+    arrays = {"samples": np.asarray(samples)}
+    if labels is not None:
+        arrays["labels"] = np.asarray(labels, np.int32)
+    atomic_savez(out_dir / "samples.npz", **arrays)
     atomic_write_text(out_dir / "samples.json", json.dumps(meta, indent=2, default=str))
     plot_samples(
         out_dir / "samples.png",

@@ -25,11 +25,14 @@ from experiments.build import (
     build_objective,
     build_process,
     build_sampler,
+    check_conditioning,
     check_trainer,
+    label_dropout,
     make_ema,
     to_container,
 )
 from experiments.runs.base import TrainedRun, override_keys
+from experiments.runs.conditioning import conditioned_source, sample_labels
 from experiments.runs.layout import display_path, samples_name, saved_steps
 from scorelib import parallel, training
 from scorelib._checks import check_real
@@ -76,7 +79,43 @@ def sampler_name_parts(record: dict) -> tuple[str, list[tuple[str, object]]]:
             extras.append((key, record[key]))
     if record.get("float64"):
         extras.append(("float64", True))
-    return f"{name}_{record['steps']}", extras
+    return f"{name}_{record['steps']}", extras + conditioning_name_parts(record)
+
+
+def conditioning_name_parts(record: dict) -> list[tuple[str, object]]:
+    """``[(field, value)]`` of the conditioning in a sampler ``record``: ``labels`` (a list
+    joined by ``_``) and, for a guidance, its kind then each field that is not its default
+    (``scale`` 1, ``filter`` none; a classifier run directory with ``/`` as ``~``)."""
+    out = []
+    labels = record.get("labels")
+    if labels is not None:
+        out.append(("labels", "_".join(map(str, labels)) if isinstance(labels, list) else labels))
+    g = record.get("guidance")
+    if g:
+        out.append(("guidance", g["kind"]))
+        if g.get("scale", 1.0) != 1.0:
+            out.append(("scale", g["scale"]))
+        if g.get("interval"):
+            out.append(("interval", "_".join(f"{v:g}" for v in g["interval"])))
+        if g.get("filter", "none") != "none":
+            out.append(("filter", g["filter"]))
+        if g.get("classifier"):
+            out.append(("classifier", str(g["classifier"]).strip("/").replace("/", "~")))
+    return out
+
+
+def merge_guidance(out: DictConfig, given: DictConfig | None) -> None:
+    """The fields of a command's ``sampler.guidance`` (``sampler=run``: null unless given) set
+    on the run's ``out``; a new ``kind`` drops the run's other guidance fields (they belong to
+    the old kind), as a new grid drops the old grid's options."""
+    if given is None:
+        return
+    if given.get("kind") is not None and given.kind != out.kind:
+        for key in schema.GUIDANCE_FIELDS:
+            out[key] = None
+    for key, value in given.items():
+        if value is not None:
+            out[key] = value
 
 
 def check_sampler(sampling: Sampling, source, data_shape) -> None:
@@ -98,9 +137,24 @@ class ScoreRun(TrainedRun):
     optimizer: Any
 
     def source(self, params):
-        """The score source of the network with ``params`` (e.g. the EMA parameters)."""
+        """The score source of the network with ``params`` (e.g. the EMA parameters): a
+        :class:`scorelib.scores.NetworkScore`, class-conditional when the model is (without
+        labels bound it gives the null label's, unconditional, score)."""
         return training.network_source(self.process, self.graphdef, self.cfg.data.sigma_data)(
             params, None
+        )
+
+    @property
+    def null_trained(self) -> bool:
+        """Whether the run trained its null label (``objective.label_dropout > 0``): its
+        unconditional score, what classifier-free guidance and unlabelled sampling use."""
+        return float(self.cfg.objective.get("label_dropout") or 0.0) > 0
+
+    def sampling_source(self, params):
+        """:meth:`source` conditioned and guided as ``sampler.labels`` / ``sampler.guidance``
+        say (:func:`experiments.runs.conditioning.conditioned_source`)."""
+        return conditioned_source(
+            self.sampling, self.source(params), null_trained=self.null_trained
         )
 
     @classmethod
@@ -121,6 +175,8 @@ class ScoreRun(TrainedRun):
         check_real(cfg.data.sigma_data, "data.sigma_data", low=0.0, low_open=True, high_open=True)
         process = build_process(cfg)
         data = build_data(cfg)
+        check_conditioning(cfg, data)
+        p_drop = label_dropout(cfg)
         objective = build_objective(cfg, process, data)
         sampling = build_sampler(cfg, process)
         model = build_model(cfg, data.data_shape, tc.seed)
@@ -143,6 +199,7 @@ class ScoreRun(TrainedRun):
             data.batch_fn(tc.batch_size, tc.seed, mesh),
             lr_schedule=training.warmup_schedule(oc.lr, oc.warmup_steps),
             batch_sharding=None if mesh is None else parallel.batch_sharding(mesh),
+            label_dropout=p_drop,
         )
         run = cls(
             cfg=cfg,
@@ -155,7 +212,7 @@ class ScoreRun(TrainedRun):
             sampling=sampling,
             optimizer=optimizer,
         )
-        check_sampler(sampling, run.source(state.params), data.data_shape)
+        check_sampler(sampling, run.sampling_source(state.params), data.data_shape)
         return run
 
     def initial_state(self) -> training.TrainState:
@@ -208,10 +265,12 @@ class ScoreRun(TrainedRun):
     def draw(self, params, *, progress: bool = True):
         """Samples of the network ``params`` with the run's sampler; each batch is split
         over this process's devices (``draw_samples(devices=...)``)."""
+        source = self.sampling_source(params)
+        key = jax.random.key(self.cfg.sampler.seed)
         x, info = draw_samples(
             self.sampling,
-            self.source(params),
-            jax.random.key(self.cfg.sampler.seed),
+            source,
+            key,
             self.data.data_shape,
             num_samples=self.cfg.sampler.num_samples,
             batch_size=self.cfg.sampler.batch_size,
@@ -219,7 +278,12 @@ class ScoreRun(TrainedRun):
             desc=f"sampling ({self.sampling.name})",
             devices=jax.local_devices(),
         )
-        return x, {"grid_ve_sigma": [float(s) for s in self.sampling.grid], **info}
+        labels = sample_labels(source, key, len(x))
+        return x, {
+            "grid_ve_sigma": [float(s) for s in self.sampling.grid],
+            **info,
+            "labels": labels,
+        }
 
     def title(self, run_dir: Path, step: int, info: dict, use_ema: bool) -> str:
         record = self.sampling.record
@@ -278,6 +342,9 @@ class ScoreRun(TrainedRun):
         out = cls.stored_sampler(run_cfg)
         name = out.name
         for key, value in cmd.sampler.items():
+            if key == "guidance":
+                merge_guidance(out.guidance, value)
+                continue
             if value is None:
                 continue
             if key == "name" and value != name:

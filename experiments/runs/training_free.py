@@ -249,8 +249,15 @@ def build_rdmc(cfg: DictConfig, data: build.Data) -> dict:
     process = build.build_process(cfg)
     opts = {k: v for k, v in OmegaConf.to_container(sc, resolve=True).items() if k != "name"}
     source = ReverseDiffusionScore.create(data.target, process=process, **opts)
+    sampler = build.build_sampler(cfg, process)
+    require(
+        not sampler.conditional,
+        "sampler.labels",
+        "null with a training-free score (score=rdmc is unconditional: no labels, no guidance)",
+        sampler.labels if sampler.labels is not None else sampler.guidance,
+    )
     sampling = RDMCSampling(
-        sampler=build.build_sampler(cfg, process),
+        sampler=sampler,
         batch_size=int(cfg.sampler.batch_size),
         score=OmegaConf.to_container(sc, resolve=True),
         process=OmegaConf.to_container(cfg.process, resolve=True),

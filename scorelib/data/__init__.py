@@ -1,6 +1,12 @@
 """Data: 2-D toy distributions, bundled and user-provided image sets, deterministic batches."""
 
-from scorelib.data.batching import batch_indices, batch_keys, get_batch, get_dequantised_batch
+from scorelib.data.batching import (
+    batch_indices,
+    batch_keys,
+    check_labels,
+    get_batch,
+    get_dequantised_batch,
+)
 from scorelib.data.images import (
     ImageDataset,
     downsample_to_digits,
@@ -22,7 +28,15 @@ from scorelib.data.targets import (
     make_target,
     random_gaussian_mixture,
 )
-from scorelib.data.toy import TOY_NAMES, ring_means, toy_batch, toy_from_keys, toy_sample
+from scorelib.data.toy import (
+    TOY_CLASSES,
+    TOY_NAMES,
+    ring_means,
+    toy_batch,
+    toy_classes,
+    toy_from_keys,
+    toy_sample,
+)
 
 __all__ = [
     "EnergyTarget",
@@ -31,7 +45,10 @@ __all__ = [
     "Target",
     "make_target",
     "random_gaussian_mixture",
+    "TOY_CLASSES",
     "TOY_NAMES",
+    "check_labels",
+    "toy_classes",
     "ImageDataset",
     "batch_indices",
     "corrupt",

@@ -14,6 +14,11 @@ local batch of ``B`` takes positions ``p * B ... p * B + B - 1``. So:
 
 Indices are drawn with replacement (``jax.random.randint``), so there are no epochs
 to keep in sync across restarts or processes.
+
+Class labels (``data.labels``): given the data set's ``labels: [n]``, :func:`get_batch` and
+:func:`get_dequantised_batch` return ``(x, y)``, the rows and their labels read with the
+same index draw, so every property above holds for the labels too; without ``labels`` they
+return the rows alone, exactly as before labels existed.
 """
 
 from __future__ import annotations
@@ -70,8 +75,35 @@ def _batch_indices(n, batch_size, seed, step, process_index):
     return jax.vmap(lambda k: jax.random.randint(k, (), 0, n, dtype=jnp.int32))(keys)
 
 
-def get_batch(data: Array, batch_size: int, *, seed, step, process_index=0) -> Array:
-    """The local batch of rows of ``data`` at ``(seed, step, process_index)``.
+def check_labels(labels: Array, n: int, field: str = "data.labels") -> None:
+    """Require ``labels`` to be integer ``[n]`` class labels of the ``n`` rows of a data set
+    (static shape and dtype only: no host sync, usable on traced arrays).
+
+    Raises:
+      ValueError: naming ``field`` for another shape or a non-integer dtype.
+    """
+    dtype = labels.dtype if hasattr(labels, "dtype") else np.asarray(labels).dtype
+    shape = np.shape(labels)
+    require(
+        shape == (n,) and np.issubdtype(dtype, np.integer),
+        field,
+        f"integer class labels [n] of the n = {n} rows of the data",
+        f"dtype {dtype} and shape {shape}",
+    )
+
+
+def _take_rows(a: Array, idx: Array) -> Array:
+    """``a[idx]``: numpy without a device copy when ``a`` is numpy and ``idx`` is not traced."""
+    if isinstance(a, np.ndarray) and not isinstance(idx, jax.core.Tracer):
+        return a[np.asarray(idx)]
+    return jnp.take(a, idx, axis=0)
+
+
+def get_batch(
+    data: Array, batch_size: int, *, seed, step, process_index=0, labels: Array | None = None
+):
+    """The local batch of rows of ``data`` at ``(seed, step, process_index)``, with their
+    class labels when ``labels`` is given.
 
     Usable inside a jitted train step (keep ``data`` on device as a ``jax.Array``
     argument; ``seed``/``step``/``process_index`` may be traced) and from Python.
@@ -80,26 +112,43 @@ def get_batch(data: Array, batch_size: int, *, seed, step, process_index=0) -> A
       data: ``[n, *data_shape]`` numpy or jax array (e.g. ``ImageDataset.train``).
       batch_size: local batch size ``B``.
       seed, step, process_index: integers; see the module docstring.
+      labels: ``None``, or the rows' integer class labels ``[n]`` (e.g.
+        ``ImageDataset.train_labels``).
 
     Returns:
-      ``[B, *data_shape]``: a numpy array when ``data`` is a numpy array and the call
-      is not traced (no copy of the data set to the device), else a ``jax.Array``.
+      ``x: [B, *data_shape]`` without ``labels``; with them ``(x, y)``, ``y: [B]`` int32
+      the labels of the rows of ``x`` (one index draw for both). A numpy array when the
+      source array is numpy and the call is not traced (no copy of the data set to the
+      device), else a ``jax.Array``.
 
     Raises:
-      ValueError: if ``data`` has no leading axis or is empty, or ``batch_size < 1``.
+      ValueError: if ``data`` has no leading axis or is empty, ``batch_size < 1``, or
+        ``labels`` is not integer ``[n]`` (naming ``data.labels``).
     """
     require(np.ndim(data) >= 1, "data", "[n, *data_shape]", np.shape(data))
+    if labels is not None:
+        labels = labels if hasattr(labels, "dtype") else np.asarray(labels)
+        check_labels(labels, data.shape[0])
     idx = batch_indices(
         data.shape[0], batch_size, seed=seed, step=step, process_index=process_index
     )
-    if isinstance(data, np.ndarray) and not isinstance(idx, jax.core.Tracer):
-        return data[np.asarray(idx)]
-    return jnp.take(data, idx, axis=0)
+    x = _take_rows(data, idx)
+    if labels is None:
+        return x
+    y = _take_rows(labels, idx)
+    return x, (y.astype(np.int32) if isinstance(y, np.ndarray) else y.astype(jnp.int32))
 
 
 def get_dequantised_batch(
-    data: Array, batch_size: int, delta: float, *, seed, step, process_index=0
-) -> Array:
+    data: Array,
+    batch_size: int,
+    delta: float,
+    *,
+    seed,
+    step,
+    process_index=0,
+    labels: Array | None = None,
+):
     """:func:`get_batch` with uniform dequantisation: each value of the batch plus noise
     ``delta u``, ``u ~ U(-1/2, 1/2)``, over its own quantisation bin
     (:func:`scorelib.data.images.uniform_dequantise`).
@@ -113,15 +162,20 @@ def get_dequantised_batch(
       data: ``[n, *data_shape]`` values on levels ``delta`` apart (e.g. ``ImageDataset.train``).
       batch_size: local batch size ``B``.
       delta: the level spacing (> 0, data units; :func:`scorelib.data.images.level_spacing`).
-      seed, step, process_index: as for :func:`get_batch`.
+      seed, step, process_index, labels: as for :func:`get_batch`.
 
     Returns:
-      ``[B, *data_shape]`` float32 ``jax.Array``.
+      ``[B, *data_shape]`` float32 ``jax.Array``; with ``labels``, ``(x, y)`` as
+      :func:`get_batch` (``y`` the labels of the rows before dequantisation).
 
     Raises:
       ValueError: as :func:`get_batch`, or for ``delta <= 0``.
     """
     delta = check_real(delta, "delta", low=0.0, low_open=True, high_open=True)
-    x = get_batch(data, batch_size, seed=seed, step=step, process_index=process_index)
+    out = get_batch(
+        data, batch_size, seed=seed, step=step, process_index=process_index, labels=labels
+    )
+    x, y = out if labels is not None else (out, None)
     keys = batch_keys(batch_size, seed=seed, step=step, process_index=process_index)
-    return uniform_dequantise(x, jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys), delta)
+    x = uniform_dequantise(x, jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys), delta)
+    return x if labels is None else (x, y)

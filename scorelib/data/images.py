@@ -68,6 +68,38 @@ class ImageDataset:
         """Std of all training pixels (data units, i.e. on the ``[-1, 1]`` scale)."""
         return float(np.std(self.train, dtype=np.float64))
 
+    @property
+    def num_classes(self) -> int | None:
+        """``K``: the number of classes, one more than the largest training or test label
+        (labels lie in ``[0, K)``; ``K`` is the null label of a conditional model); ``None``
+        for a data set without labels."""
+        if self.train_labels is None:
+            return None
+        top = int(np.max(self.train_labels))
+        if self.test_labels is not None and np.size(self.test_labels):
+            top = max(top, int(np.max(self.test_labels)))
+        return top + 1
+
+    def require_labels(self) -> np.ndarray:
+        """The training labels ``[n_train]`` int32 (``data.labels=true``).
+
+        Raises:
+          ValueError: naming ``data.labels`` when the data set has none, or holds a
+            negative label.
+        """
+        if self.train_labels is None:
+            raise ValueError(
+                f"data.labels must be false for {self.name!r}: it has no class labels (a user "
+                "npz gives them under 'labels'); got true"
+            )
+        y = np.asarray(self.train_labels)
+        lo = int(np.min(y))
+        if lo < 0:
+            raise ValueError(
+                f"data.labels: the labels of {self.name!r} must be classes >= 0; got {lo}"
+            )
+        return y.astype(np.int32)
+
 
 def stratified_split(labels: np.ndarray, test_fraction: float, seed: int):
     """Fixed, seeded, stratified split of ``range(len(labels))``.

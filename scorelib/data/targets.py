@@ -22,6 +22,21 @@ frozen object with
 * ``noisy_score(process)`` -- where available, the exact score source of
   ``p_t`` under a noise process (a :class:`scorelib.scores.ScoreSource`).
 
+Classes (``data.labels``). A target whose draw has a natural class says how many in
+``num_classes`` (``None``: no classes) and then gives
+
+* ``batch(..., labels=True)``, ``sample_from_keys(keys, labels=True)``,
+  ``sample(key, n, labels=True)`` -> ``(x [n, d], y [n] int32)``, the points exactly those
+  drawn without labels (the same keys and draws);
+* ``score_given(x, labels)`` -- the clean conditional score ``grad_x log p_0(x | c)``, with
+  ``c = num_classes`` (the null label) giving the unconditional :meth:`Target.score`: the
+  TSM label of a class-conditional model (``scorelib/objectives/tsm.py``);
+* ``noisy_score(process, conditional=True)`` -- the exact conditional noisy source, a
+  :class:`scorelib.scores.PerClassScore` with the class weights as its prior.
+
+Asking any of these of a target without classes raises ``ValueError`` naming
+``data.labels``. :class:`GaussianMixtureTarget`'s class is its component.
+
 Targets are frozen dataclasses registered as *static* pytrees and compared and
 hashed by identity (``eq=False``): their arrays are numpy constants folded into
 compiled code, and an objective holding a target can be passed into ``jax.jit``.
@@ -62,6 +77,8 @@ from scorelib.data.batching import batch_keys
 from scorelib.keys import example_keys
 from scorelib.processes.base import Process
 from scorelib.scores.base import ScoreSource
+from scorelib.scores.conditional import PerClassScore, check_label_values, select_by_label
+from scorelib.scores.gaussian import GaussianScore
 from scorelib.scores.manywell import ManyWellNoisyScore
 from scorelib.scores.mixture import MixtureScore, mixture_log_prob, mixture_score, mixture_terms
 
@@ -83,6 +100,26 @@ def _check_x(target: Target, x: Array) -> Array:
     return x
 
 
+def _check_class_labels(labels: Array, batch: int, num_classes: int) -> Array:
+    """``labels`` as ``[batch]`` int32 in ``[0, num_classes]`` (``num_classes`` the null label);
+    values are range-checked when concrete.
+
+    Raises:
+      ValueError: naming ``labels`` for another shape, a non-integer dtype, or a concrete
+        label outside ``[0, num_classes]``.
+    """
+    dtype = labels.dtype if hasattr(labels, "dtype") else np.asarray(labels).dtype
+    require(
+        np.shape(labels) == (batch,) and np.issubdtype(dtype, np.integer),
+        "labels",
+        f"integer class labels [{batch}] (one per example)",
+        f"dtype {dtype} and shape {np.shape(labels)}",
+    )
+    if not isinstance(labels, jax.core.Tracer):
+        check_label_values(np.asarray(labels), num_classes, "labels")
+    return jnp.asarray(labels, jnp.int32)
+
+
 class Target:
     """Base class of targets with a known (clean) score. See the module docstring.
 
@@ -94,6 +131,40 @@ class Target:
     name: str = "target"
     dim: int
     normalised: bool = True
+
+    # --- classes ----------------------------------------------------------
+    @property
+    def num_classes(self) -> int | None:
+        """``K``, the number of classes of a draw (labels in ``[0, K)``; ``K`` the null label),
+        or ``None`` for a target without classes (the default)."""
+        return None
+
+    def require_classes(self, needed_by: str = "labels") -> int:
+        """:attr:`num_classes`; raises ``ValueError`` naming ``data.labels`` (and
+        ``needed_by``) when the target has no classes."""
+        k = self.num_classes
+        require(
+            k is not None,
+            "data.labels",
+            f"false for target {self.name!r} ({type(self).__name__}): it has no classes, but "
+            f"{needed_by} needs them (a GaussianMixtureTarget's class is its component)",
+            True,
+        )
+        return k
+
+    def _sample_one_labelled(self, key: jax.Array) -> tuple[Array, Array]:
+        """``(x [d], class)`` from one key; ``x`` exactly :meth:`_sample_one`'s."""
+        raise NotImplementedError
+
+    def score_given(self, x: Array, labels: Array) -> Array:
+        """``grad_x log p_0(x | c)``: ``x: [b, d]``, ``labels: [b]`` int in ``[0, K]`` (``K``
+        the null label: :meth:`score`) -> ``[b, d]`` (1 / data units).
+
+        Raises:
+          ValueError: naming ``data.labels`` for a target without classes.
+        """
+        self.require_classes("score_given")
+        raise NotImplementedError(f"{type(self).__name__} has no conditional score")
 
     # --- densities --------------------------------------------------------
     def log_prob(self, x: Array) -> Array:
@@ -128,37 +199,63 @@ class Target:
                 "sampler (GaussianMixtureTarget, ManyWellTarget) or supply samples yourself"
             )
 
-    def sample_from_keys(self, keys: Array, *, needed_by: str = "sample") -> Array:
-        """Exact samples ``[n, d]`` (float32), example ``i`` drawn from ``keys[i]``.
+    def sample_from_keys(
+        self, keys: Array, *, needed_by: str = "sample", labels: bool = False
+    ) -> Array:
+        """Exact samples ``[n, d]`` (float32), example ``i`` drawn from ``keys[i]``; with
+        ``labels``, ``(x, y)`` and ``y: [n]`` int32 their classes (the same points).
 
         Raises:
           ValueError: if the target has no exact sampler (the message names the
-            target and ``needed_by``).
+            target and ``needed_by``), or naming ``data.labels`` for labels of a target
+            without classes.
         """
         self.require_samples(needed_by)
+        require(isinstance(labels, bool), "data.labels", "true or false", labels)
+        if labels:
+            self.require_classes(needed_by)
+            return _labelled_samples_from_keys(self, keys)
         return _samples_from_keys(self, keys)
 
-    def sample(self, key: jax.Array, n: int, *, needed_by: str = "sample") -> Array:
-        """``n`` exact samples ``[n, d]``; example ``i`` uses ``fold_in(key, i)``.
+    def sample(
+        self, key: jax.Array, n: int, *, needed_by: str = "sample", labels: bool = False
+    ) -> Array:
+        """``n`` exact samples ``[n, d]``; example ``i`` uses ``fold_in(key, i)``; with
+        ``labels``, ``(x, y)`` as :meth:`sample_from_keys`.
 
         Raises:
-          ValueError: if ``n < 1`` or the target has no exact sampler.
+          ValueError: if ``n < 1`` or the target has no exact sampler, or naming
+            ``data.labels`` for labels of a target without classes.
         """
         self.require_samples(needed_by)
-        return _sample_n(self, key, check_int(n, "n", low=1))
+        n = check_int(n, "n", low=1)
+        if labels:
+            return self.sample_from_keys(example_keys(key, n), needed_by=needed_by, labels=True)
+        return _sample_n(self, key, n)
 
-    def batch(self, batch_size: int, *, seed, step, process_index=0, needed_by="training") -> Array:
-        """The training stream: the local batch ``[B, d]`` at ``(seed, step, process_index)``.
+    def batch(
+        self,
+        batch_size: int,
+        *,
+        seed,
+        step,
+        process_index=0,
+        needed_by="training",
+        labels: bool = False,
+    ) -> Array:
+        """The training stream: the local batch ``[B, d]`` at ``(seed, step, process_index)``;
+        with ``labels``, ``(x, y)`` and ``y: [B]`` int32 the points' classes (the same points).
 
         Per-example keys from :func:`scorelib.data.batching.batch_keys`, so the
         batch does not depend on how many processes share it; jit-compatible
-        (``batch_size`` static, the integers may be traced).
+        (``batch_size`` and ``labels`` static, the integers may be traced).
 
         Raises:
-          ValueError: if ``batch_size < 1`` or the target has no exact sampler.
+          ValueError: if ``batch_size < 1`` or the target has no exact sampler, or naming
+            ``data.labels`` for labels of a target without classes.
         """
         keys = batch_keys(batch_size, seed=seed, step=step, process_index=process_index)
-        return self.sample_from_keys(keys, needed_by=needed_by)
+        return self.sample_from_keys(keys, needed_by=needed_by, labels=labels)
 
     # --- summaries --------------------------------------------------------
     @property
@@ -188,12 +285,16 @@ class Target:
             total += float(np.sum(s**2))
         return float(np.sqrt(self.dim / (total / n)))
 
-    def noisy_score(self, process: Process) -> ScoreSource:
-        """The exact score source of ``p_t`` under ``process``, where one is implemented.
+    def noisy_score(self, process: Process, *, conditional: bool = False) -> ScoreSource:
+        """The exact score source of ``p_t`` under ``process``, where one is implemented;
+        with ``conditional``, the exact class-conditional one (module docstring).
 
         Raises:
+          ValueError: naming ``data.labels`` for ``conditional`` without classes.
           NotImplementedError: for a target without a closed-form noisy score.
         """
+        if conditional:
+            self.require_classes("noisy_score(conditional=True)")
         raise NotImplementedError(f"{type(self).__name__} has no closed-form noisy score")
 
 
@@ -201,6 +302,12 @@ class Target:
 def _samples_from_keys(target: Target, keys: Array) -> Array:
     # the target is a static pytree: one compilation per target object
     return jax.vmap(target._sample_one)(keys).astype(jnp.float32)
+
+
+@jax.jit
+def _labelled_samples_from_keys(target: Target, keys: Array) -> tuple[Array, Array]:
+    x, y = jax.vmap(target._sample_one_labelled)(keys)
+    return x.astype(jnp.float32), y.astype(jnp.int32)
 
 
 @partial(jax.jit, static_argnums=2)
@@ -226,6 +333,10 @@ class GaussianMixtureTarget(Target):
     * ``score``: ``sum_k r_k(x) (-C_k^{-1} (x - m_k))`` with responsibilities
       ``r_k = softmax_k``; ``C_k^{-1}`` through the eigendecomposition, never ``inv``.
     * ``sample``: ``k ~ Cat(w)``, ``x = m_k + U_k diag(sqrt(lam_k)) z``.
+    * classes: the component ``k`` of a draw is its class (``num_classes = K``);
+      ``score_given(x, k) = -C_k^{-1} (x - m_k)``; the conditional noisy source is
+      ``N(alpha m_k, alpha^2 C_k + sigma^2 I)`` per class (``noisy_score(process,
+      conditional=True)``).
     """
 
     dim: int = 1
@@ -335,11 +446,42 @@ class GaussianMixtureTarget(Target):
         return mixture_score(*self._terms(x))
 
     def _sample_one(self, key):
+        return self._sample_one_labelled(key)[0]
+
+    def _sample_one_labelled(self, key):
         logw, m, lam, u = self._consts()
         kc, kz = jax.random.split(key)
         k = jax.random.categorical(kc, logw)
         z = jax.random.normal(kz, (self.dim,), jnp.float32)
-        return m[k] + u[k] @ (jnp.sqrt(lam[k]) * z)
+        return m[k] + u[k] @ (jnp.sqrt(lam[k]) * z), k
+
+    @property
+    def num_classes(self) -> int:
+        """``K``, the number of components: a draw's class is its component."""
+        return int(self.weights.shape[0])
+
+    def score_given(self, x, labels):
+        """``grad_x log p_0(x | k) = -C_k^{-1} (x - m_k)`` of each example's component ``k``
+        (the component scores of :func:`scorelib.scores.mixture.mixture_terms`); the null
+        label ``K`` gives the mixture's :meth:`score`.
+
+        Args:
+          x: ``[b, d]`` (data units).
+          labels: ``[b]`` int in ``[0, K]`` (traced values are not range-checked; a
+            concrete array is).
+
+        Returns:
+          ``[b, d]`` (1 / data units).
+
+        Raises:
+          ValueError: unless ``x`` is ``[b, dim]`` and ``labels`` integer ``[b]``; naming
+            ``labels`` for a concrete label outside ``[0, K]``.
+        """
+        log_joint, comp = self._terms(x)
+        labels = _check_class_labels(labels, x.shape[0], self.num_classes)
+        k = self.num_classes
+        own = select_by_label(jnp.swapaxes(comp, 0, 1), jnp.minimum(labels, k - 1))
+        return jnp.where((labels == k)[:, None], mixture_score(log_joint, comp), own)
 
     @property
     def mean(self) -> np.ndarray:
@@ -360,11 +502,23 @@ class GaussianMixtureTarget(Target):
         """``sqrt(tr Cov[x_0] / d)`` (data units), from :attr:`covariance`."""
         return float(np.sqrt(np.trace(self.covariance) / self.dim))
 
-    def noisy_score(self, process: Process) -> MixtureScore:
-        """``p_t = sum_k w_k N(alpha m_k, alpha^2 C_k + sigma^2 I)`` as a :class:`MixtureScore`."""
-        return MixtureScore.create(
-            process, self.weights, self.means.astype(np.float32), self.covs.astype(np.float32)
-        )
+    def noisy_score(self, process: Process, *, conditional: bool = False):
+        """``p_t = sum_k w_k N(alpha m_k, alpha^2 C_k + sigma^2 I)`` as a :class:`MixtureScore`;
+        with ``conditional``, the exact class-conditional source: a
+        :class:`~scorelib.scores.PerClassScore` of one ``GaussianScore`` per component
+        (``N(alpha m_k, alpha^2 C_k + sigma^2 I)``) with the weights ``w_k`` as its prior,
+        whose null label is the mixture and whose ``class_log_prob`` is the exact noisy
+        classifier ``log p_t(k | x)``.
+        """
+        if not conditional:
+            return MixtureScore.create(
+                process, self.weights, self.means.astype(np.float32), self.covs.astype(np.float32)
+            )
+        classes = [
+            GaussianScore.from_covariance(process, self.means[k], self.covs[k])
+            for k in range(self.num_classes)
+        ]
+        return PerClassScore.create(classes, prior=self.weights)
 
 
 def random_gaussian_mixture(
@@ -580,9 +734,15 @@ class ManyWellTarget(Target):
         n_w = self.n_wells
         return float(np.sqrt((n_w * self.well_var + (self.dim - n_w) * 1.0) / self.dim))
 
-    def noisy_score(self, process: Process) -> ManyWellNoisyScore:
+    def noisy_score(self, process: Process, *, conditional: bool = False) -> ManyWellNoisyScore:
         """The exact ``p_t`` score under ``process`` by 1-D quadrature
-        (:class:`scorelib.scores.ManyWellNoisyScore`)."""
+        (:class:`scorelib.scores.ManyWellNoisyScore`).
+
+        Raises:
+          ValueError: naming ``data.labels`` for ``conditional`` (the wells have no classes).
+        """
+        if conditional:
+            self.require_classes("noisy_score(conditional=True)")
         return ManyWellNoisyScore(process=process, target=self)
 
 

@@ -4,7 +4,9 @@ Xu, Nie and Vahdat, "One-step diffusion models with f-divergence distribution ma
 arXiv 2502.15681 (2025). Modules: ``divergences`` (``f`` and ``h(r) = f''(r) r^2``),
 ``ratio`` (density ratio from logits, clipping, two-stage normalisation), ``losses``
 (student, GAN, discriminator and fake-score losses), ``networks`` (one-step generator,
-discriminator heads), ``step`` (the state and the alternating jitted step).
+discriminator heads), ``step`` (the state and the alternating jitted step). A
+class-conditional teacher (``scorelib.scores.ConditionalScore``) gives a class-conditional
+student ``G(z, c)`` (``step``'s module docstring).
 """
 
 from scorelib.distill.divergences import DIVERGENCES, check_divergence, describe, f_fn, h_weight

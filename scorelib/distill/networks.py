@@ -2,12 +2,14 @@
 
 * Generator: an EDM-preconditioned network evaluated once at the noise level
   ``sigma_g``: ``G(z) = D_theta(sigma_g z; sigma_g)`` with ``z ~ N(0, I)`` (Karras et al.
-  2022, eq. 7; the student is initialised from the teacher network when there is one).
+  2022, eq. 7; the student is initialised from the teacher network when there is one);
+  ``G(z, c) = D_theta(sigma_g z; sigma_g, c)`` for a class-conditional student.
 * Discriminator: light heads on features of the noisy input, one logit per head. The
   features are the frozen teacher network's (``MLP.features``: its hidden layers;
-  ``UNet.features``: one feature map per resolution and the bottleneck), or, for a teacher
-  without a network (an analytic or empirical score), those of a trainable ``backbone``
-  network owned by the discriminator.
+  ``UNet.features``: one feature map per resolution and the bottleneck; at each example's
+  class for a class-conditional teacher), or, for a teacher without a network (an
+  analytic or empirical score), those of a trainable ``backbone`` network owned by the
+  discriminator.
 """
 
 from __future__ import annotations
@@ -23,16 +25,25 @@ from scorelib._checks import check_array, check_int, check_shape, check_time, re
 from scorelib.keys import example_keys
 from scorelib.nets.precond import edm_precond
 from scorelib.processes.base import broadcast_to_data
+from scorelib.scores.conditional import Labels
 from scorelib.scores.network import check_network_input, preconditioned_denoiser
 
 Array = Any
 
 
 def generate(
-    graphdef, params, z: Array, sigma_g: float, sigma_data: float, sigma_refine: float | None = None
+    graphdef,
+    params,
+    z: Array,
+    sigma_g: float,
+    sigma_data: float,
+    sigma_refine: float | None = None,
+    *,
+    labels: Array | None = None,
 ) -> Array:
     """Sample ``G(z) = D(sigma_g z; sigma_g)`` of the preconditioned network, or with a
-    refining stage ``G(z) = D(D(sigma_g z; sigma_g); sigma_refine)``.
+    refining stage ``G(z) = D(D(sigma_g z; sigma_g); sigma_refine)``; a class-conditional
+    student ``G(z, c)`` is conditioned on ``labels`` at every evaluation.
 
     The refining stage feeds the first stage's output to the same network at the low noise
     level ``sigma_refine`` (no noise is added): for a network whose receptive field shrinks
@@ -47,21 +58,26 @@ def generate(
       sigma_data: the preconditioning's data standard deviation.
       sigma_refine: the refining stage's noise level (data units, in ``(0, sigma_g)``), or
         ``None`` for none.
+      labels: ``[batch]`` int classes in ``[0, num_classes)`` for a class-conditional
+        network, or ``None`` (an unconditional network).
 
     Returns:
       ``[batch, *data_shape]`` samples in data units.
 
     Raises:
       ValueError: naming ``z`` unless it is real ``[batch, *data_shape]`` with the
-        network's ``data_shape``.
+        network's ``data_shape``; naming ``labels`` (given to an unconditional network, or
+        not ``[batch]``).
     """
-    check_network_input(graphdef, params, z, "z")
+    batch = check_network_input(graphdef, params, z, "z")
+    if labels is not None:
+        check_shape(labels, "labels", (batch,), note=" (one class per example of z)")
     sigma = jnp.full((z.shape[0],), sigma_g, jnp.float32)
-    x = preconditioned_denoiser(graphdef, params, sigma_g * z, sigma, sigma_data)
+    x = preconditioned_denoiser(graphdef, params, sigma_g * z, sigma, sigma_data, labels=labels)
     if sigma_refine is None:
         return x
     sigma = jnp.full((z.shape[0],), sigma_refine, jnp.float32)
-    return preconditioned_denoiser(graphdef, params, x, sigma, sigma_data)
+    return preconditioned_denoiser(graphdef, params, x, sigma, sigma_data, labels=labels)
 
 
 def generator_nfe(sigma_refine: float | None) -> int:
@@ -70,7 +86,11 @@ def generator_nfe(sigma_refine: float | None) -> int:
 
 
 def one_step_sampler(
-    graphdef, sigma_g: float, sigma_data: float, sigma_refine: float | None = None
+    graphdef,
+    sigma_g: float,
+    sigma_data: float,
+    sigma_refine: float | None = None,
+    labels: Labels | None = None,
 ):
     """The student as a sampler: ``sample(params, key, shape, *, first_index=0) -> (x, info)``
     with the library's sampler signature (``scorelib.samplers``), so
@@ -78,14 +98,20 @@ def one_step_sampler(
     of one-step samples in batches.
 
     Example ``b`` of a call draws ``z = normal(fold_in(key, first_index + b), data_shape)``
-    (:func:`scorelib.keys.example_keys`) and returns ``G(z)`` (:func:`generate`), so a sample
-    depends on its key and global index only, not on the batch it was drawn in.
+    (:func:`scorelib.keys.example_keys`) and returns ``G(z)`` (:func:`generate`), with a
+    class-conditional student ``G(z, c)`` for the class ``c`` that ``labels`` gives its
+    global index (``labels.take(key, first_index, batch)``: the same rule and key as every
+    sampler's, so ``labels.take(key, 0, num_samples)`` are the classes of a whole draw). A
+    sample depends on its key and global index only, not on the batch it was drawn in.
 
     Args:
       graphdef: the student network's graph definition.
       sigma_g: the generator's input noise level (data units, > 0).
       sigma_data: the preconditioning's data standard deviation.
       sigma_refine: the generator's refining stage (:func:`generate`), or ``None``.
+      labels: a :class:`scorelib.scores.Labels` rule (balanced, uniform, a table) over the
+        student's classes for a class-conditional student; ``None`` for an unconditional
+        one (a conditional student has no trained null label: it needs a rule).
 
     Returns:
       ``sample``; ``info = {"nfe": 1 or 2, "steps": 1}``. Compiled once per batch shape.
@@ -95,7 +121,8 @@ def one_step_sampler(
     def draw(params, key, shape, first_index):
         keys = example_keys(key, shape[0], first_index)
         z = jax.vmap(lambda k: jax.random.normal(k, shape[1:]))(keys)
-        return generate(graphdef, params, z, sigma_g, sigma_data, sigma_refine)
+        c = None if labels is None else labels.take(key, first_index, shape[0])
+        return generate(graphdef, params, z, sigma_g, sigma_data, sigma_refine, labels=c)
 
     nfe = generator_nfe(sigma_refine)
 
@@ -122,13 +149,19 @@ def network_inputs(process, x: Array, t: Array, sigma_data: float) -> tuple[Arra
     return broadcast_to_data(c.c_in, x) * x_ve, jnp.broadcast_to(c.c_noise, (x.shape[0],))
 
 
-def network_features(graphdef, params, x_in: Array, c_noise: Array) -> list[Array]:
-    """``net.features(x_in, c_noise)`` of a split network (``MLP`` or ``UNet``).
+def network_features(
+    graphdef, params, x_in: Array, c_noise: Array, labels: Array | None = None
+) -> list[Array]:
+    """``net.features(x_in, c_noise[, labels])`` of a split network (``MLP``, ``LocalMLP``
+    or ``UNet``).
 
     Args:
       graphdef, params: the network (``nnx.split(net, nnx.Param)``).
       x_in: ``[batch, *data_shape]`` preconditioned inputs (:func:`network_inputs`).
       c_noise: ``[batch]`` noise conditioning.
+      labels: ``[batch]`` int classes for a class-conditional network (its features at
+        each example's class), or ``None`` (unconditional; a conditional network's null
+        label).
 
     Returns:
       a list of features, one per discriminator head: ``[batch, width]`` per hidden layer
@@ -137,11 +170,16 @@ def network_features(graphdef, params, x_in: Array, c_noise: Array) -> list[Arra
 
     Raises:
       ValueError: naming ``x_in`` (not real ``[batch, *data_shape]`` with the network's
-        ``data_shape``) or ``c_noise`` (not ``[batch]``).
+        ``data_shape``), ``c_noise`` or ``labels`` (not ``[batch]``; labels given to an
+        unconditional network).
     """
     batch = check_network_input(graphdef, params, x_in, "x_in")
     check_shape(c_noise, "c_noise", (batch,), note=" (one level per example of x_in)")
-    return nnx.merge(graphdef, params).features(x_in, c_noise)
+    net = nnx.merge(graphdef, params)
+    if labels is None:
+        return net.features(x_in, c_noise)
+    check_shape(labels, "labels", (batch,), note=" (one class per example of x_in)")
+    return net.features(x_in, c_noise, labels)
 
 
 class _VectorHead(nnx.Module):
@@ -183,9 +221,10 @@ class Discriminator(nnx.Module):
       feature_shapes: the per-example shapes of the features, ``(c,)`` (MLP) or
         ``(H, W, c)`` (U-Net), one head each.
       width: hidden units (channels) of each head (>= 1).
-      backbone: a network with ``features(x_in, c_noise)`` (``scorelib.nets.MLP`` or
-        ``UNet``), trained with the heads, for teachers without a network; ``None``: the
-        features are passed in (the frozen teacher's).
+      backbone: a network with ``features(x_in, c_noise[, labels])`` (``scorelib.nets.MLP``
+        or ``UNet``; class-conditional for a class-conditional teacher), trained with the
+        heads, for teachers without a network; ``None``: the features are passed in (the
+        frozen teacher's, at each example's class for a conditional teacher).
 
     Raises:
       ValueError: naming ``distill.disc_width``, or a feature that is neither ``(c,)`` nor
@@ -211,9 +250,20 @@ class Discriminator(nnx.Module):
         self.heads = nnx.List(heads)
         self.backbone = backbone
 
-    def __call__(self, x_in: Array, c_noise: Array, features: list[Array] | None = None):
+    def __call__(
+        self,
+        x_in: Array,
+        c_noise: Array,
+        features: list[Array] | None = None,
+        labels: Array | None = None,
+    ):
         """Logits ``[batch, heads]`` from ``features``, or from the backbone at
-        ``(x_in, c_noise)`` (preconditioned inputs, :func:`network_inputs`)."""
+        ``(x_in, c_noise)`` (preconditioned inputs, :func:`network_inputs`) and, for a
+        class-conditional backbone, each example's class ``labels: [batch]`` (the heads
+        themselves take no label: it enters through the features, as in FastGen)."""
         if self.backbone is not None:
-            features = self.backbone.features(x_in, c_noise)
+            if labels is None:
+                features = self.backbone.features(x_in, c_noise)
+            else:
+                features = self.backbone.features(x_in, c_noise, labels)
         return jnp.stack([head(f) for head, f in zip(self.heads, features, strict=True)], -1)

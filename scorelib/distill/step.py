@@ -3,7 +3,7 @@
 One step, for state ``s`` with ``i = s.step`` (Xu, Nie and Vahdat 2025, Alg. 1; DMD2,
 Yin et al. 2024, Sec. 4)::
 
-    per example b (keys fold_in(fold_in(s.key, i), b)):
+    per example b (keys k_b = fold_in(fold_in(s.key, i), b)):
       z ~ N(0, I); g = G(z)                               # student sample (generate)
       ve_sigma ~ rho-spaced on [sigma_min, sigma_max]; t = t_of_ve_sigma(ve_sigma)
       x_t = alpha(t) g + sigma(t) eps                      # noised student sample
@@ -17,6 +17,7 @@ Yin et al. 2024, Sec. 4)::
                                  + r1_weight mean |D(x_r) - D(x_r + r1_noise n)|^2
 
 D has one logit per head; the GAN, discriminator and R1 terms are means of per-head terms.
+
 The per-bin ratio means are updated on student steps only (where they are used). All
 losses are evaluated every step and logged; only the branch's own parameters move. The
 state is a multi-part ``scorelib.training.TrainState`` (one optimizer per part) and the
@@ -24,6 +25,24 @@ update is the training package's (``scorelib.training.apply_update`` and ``advan
 step whose loss or gradient norm is non-finite applies no update and is recorded in
 ``first_nonfinite`` / ``n_skipped``, so the loop (``scorelib.training.train``) stops with
 the step number or skips it.
+
+**Class-conditional teacher** (a :class:`~scorelib.scores.conditional.ConditionalScore` with
+``num_classes = K > 0``): example ``b`` also draws a class ``c_b`` uniform in ``[0, K)``
+from its own key, ``randint(fold_in(k_b, LABEL_SALT))``
+(:meth:`scorelib.scores.Labels.uniform`, :data:`scorelib.keys.LABEL_SALT`; independent of
+the batch size and of the devices), and every term above is conditioned on it: the student
+``G(z, c)`` and the fake score ``D_fake(x_t, t | c)`` are conditional networks, the teacher
+gives ``D(x_t, t | c)`` (``denoiser_given``; with ``teacher_guidance = w != 1`` the
+classifier-free guided ``D(. | null) + w (D(. | c) - D(. | null))``,
+:class:`scorelib.scores.guidance.ClassifierFreeGuidance`, in the DMD term only), and the
+discriminator reads the conditional teacher network's features at ``(x_t, t, c)`` and, for
+the data, at ``(x_r, t', y)`` with each real example's own label ``y`` (``batch_fn(step)``
+returns ``(x_real, y)``). This is DMD2's conditioning (Yin et al. 2024, ``main/edm/
+train_edm.py``: generator labels drawn uniformly at random, the real images with their
+own); NVIDIA FastGen's ``FdistillModel`` instead gives the student the real batch's labels.
+At the optimum the logit is then ``log [p(y) p_t(x | y)] - log [q(c) q_t(x | c)]``, which
+carries the factor ``K p(c)`` of the data's class frequencies ``p(c)`` against the uniform
+draw: 1 for balanced classes (CIFAR-10 exactly, the digits within 4 %).
 """
 
 from __future__ import annotations
@@ -44,7 +63,9 @@ from scorelib.distill.networks import generate, network_features, network_inputs
 from scorelib.keys import example_keys
 from scorelib.processes.noise_levels import rho_spaced
 from scorelib.scores.base import ScoreSource
-from scorelib.scores.network import NetworkScore
+from scorelib.scores.conditional import Labels, is_conditional
+from scorelib.scores.guidance import ClassifierFreeGuidance
+from scorelib.scores.network import NetworkScore, network_num_classes
 from scorelib.training.ema import EMA
 from scorelib.training.optim import make_optimizer as _training_optimizer
 from scorelib.training.state import TrainState
@@ -83,6 +104,15 @@ class DistillConfig:
       sigma_refine: the generator's refining stage ``G(z) = D(D(sigma_g z; sigma_g);
         sigma_refine)`` (:func:`scorelib.distill.generate`; data units, in ``(0, sigma_g)``),
         or ``None`` for the one evaluation of the paper.
+      teacher_guidance: ``w``, the classifier-free guidance of a class-conditional teacher's
+        denoiser in the student's DMD term, as the lerp weight of
+        :class:`scorelib.scores.guidance.ClassifierFreeGuidance` (finite; 1: the conditional
+        teacher, no guidance, the default; Ho and Salimans' ``w_HS = w - 1``). FastGen's
+        ``guidance_scale`` is the same weight (``x_c + (s - 1) (x_c - x_null)``), applied
+        to the teacher's x0-prediction after the discriminator has read the unguided
+        features, as here; the paper uses 1 on CIFAR-10 and ImageNet-64 and 1.75 for SD
+        v1.5 (Xu et al. 2025, Table 5). Anything but 1 needs a conditional teacher with a
+        null label (:func:`make_distill_step` refuses the rest).
     """
 
     divergence: str = "kl"
@@ -100,6 +130,7 @@ class DistillConfig:
     rho: float = 7.0
     sigma_g: float = 80.0
     sigma_refine: float | None = None
+    teacher_guidance: float = 1.0
 
     def __post_init__(self):
         check_divergence(self.divergence)
@@ -132,6 +163,7 @@ class DistillConfig:
                 low_open=True,
                 high_open=True,
             )
+        check_real(self.teacher_guidance, "distill.teacher_guidance")
 
     def draw_ve_sigma(self, u: Array) -> Array:
         """Noise levels from ``u`` in [0, 1] (same shape): rho-spaced, ``u = 0`` is sigma_max
@@ -193,16 +225,26 @@ def init_distill_state(params: dict, optimizers: dict, cfg: DistillConfig, seed:
     )
 
 
-def check_distill_shapes(teacher, batch_fn, batch_size: int, data_shape) -> tuple[int, ...]:
+def teacher_classes(teacher) -> int:
+    """``K``: the teacher's classes when it is class-conditional
+    (:func:`scorelib.scores.conditional.is_conditional`), else 0."""
+    return int(teacher.num_classes) if is_conditional(teacher) else 0
+
+
+def check_distill_shapes(
+    teacher, batch_fn, batch_size: int, data_shape, num_classes: int = 0
+) -> tuple[int, ...]:
     """The entry checks of :func:`make_distill_step` on static shapes; returns ``data_shape``.
 
     The teacher must take ``[batch, *data_shape]`` (its own ``data_shape`` when it has one)
-    and ``batch_fn(step)`` must give real ``[batch_size, *data_shape]`` data (read by
-    ``jax.eval_shape``: nothing is computed).
+    and ``batch_fn(step)`` must give real ``[batch_size, *data_shape]`` data, with
+    ``num_classes > 0`` (a class-conditional teacher) as ``(x, labels)`` with integer
+    ``labels: [batch_size]`` (read by ``jax.eval_shape``: nothing is computed).
 
     Raises:
       ValueError: naming ``teacher`` (not a score source), ``data_shape`` (not a tuple of
-        sizes >= 1, or not the teacher's) or ``batch_fn(step)`` (another shape or dtype).
+        sizes >= 1, or not the teacher's) or ``batch_fn(step)`` (another shape or dtype;
+        unlabelled data for a conditional teacher, labelled data for an unconditional one).
     """
     require(isinstance(teacher, ScoreSource), "teacher", "a scorelib ScoreSource", type(teacher))
     try:
@@ -214,10 +256,84 @@ def check_distill_shapes(teacher, batch_fn, batch_size: int, data_shape) -> tupl
     if expected is not None and shape != expected:
         require(False, "data_shape", f"the teacher's {expected}{note_text(note)}", shape)
     out = jax.eval_shape(batch_fn, jax.ShapeDtypeStruct((), jnp.int32))
+    labelled = isinstance(out, (tuple, list))
+    if num_classes:
+        require(
+            labelled and len(out) == 2,
+            "batch_fn(step)",
+            f"labelled real data (x [{batch_size}, *data_shape], labels [{batch_size}]) for a "
+            f"class-conditional teacher ({num_classes} classes): the discriminator sees each "
+            "real example with its class (data.labels=true)",
+            "unlabelled data" if not labelled else f"a tuple of {len(out)}",
+        )
+        out, labels = out
+        require(
+            jnp.issubdtype(labels.dtype, jnp.integer) and tuple(labels.shape) == (batch_size,),
+            "batch_fn(step) labels",
+            f"integer class labels of shape ({batch_size},)",
+            f"{labels.dtype} of shape {tuple(labels.shape)}",
+        )
+    else:
+        require(
+            not labelled,
+            "batch_fn(step)",
+            f"unlabelled real data [{batch_size}, *data_shape] for an unconditional teacher "
+            "(class labels need a class-conditional teacher: data.labels=false)",
+            "labelled data (x, labels)",
+        )
     check_array(
         out, "batch_fn(step)", (batch_size, *shape), note=" ([trainer.batch_size, *data_shape])"
     )
     return shape
+
+
+def check_conditioning(teacher, nets: Networks, cfg: DistillConfig) -> int:
+    """The conditioning checks of :func:`make_distill_step`; returns the teacher's classes
+    ``K`` (0: unconditional).
+
+    A class-conditional teacher (``K > 0``) needs conditional student and fake-score
+    networks of ``K`` classes (``nets.num_classes``) and, when the discriminator reads the
+    teacher network's features, a teacher network of ``K`` classes; an unconditional one
+    needs unconditional networks. ``cfg.teacher_guidance != 1`` needs a conditional teacher
+    with a null label (its unconditional score).
+
+    Raises:
+      ValueError: naming ``nets.num_classes``, ``nets.teacher_net`` or
+        ``distill.teacher_guidance``.
+    """
+    k = teacher_classes(teacher)
+    require(
+        nets.num_classes == k,
+        "nets.num_classes",
+        f"{k}, the teacher's classes (the student and the fake score are conditioned as the "
+        "teacher is)"
+        if k
+        else "0 for an unconditional teacher (class labels need a class-conditional teacher)",
+        nets.num_classes,
+    )
+    if nets.teacher_net is not None:
+        kt = network_num_classes(*nets.teacher_net)
+        require(
+            kt == k,
+            "nets.teacher_net",
+            f"a network of the teacher's {k} classes (its features feed the discriminator)",
+            f"a network of {kt} classes",
+        )
+    if cfg.teacher_guidance != 1:
+        require(
+            k > 0,
+            "distill.teacher_guidance",
+            "1 for an unconditional teacher (classifier-free guidance needs a class-"
+            "conditional teacher)",
+            cfg.teacher_guidance,
+        )
+        require(
+            teacher.allows_null,
+            "distill.teacher_guidance",
+            "1: the teacher has no unconditional (null-label) score to guide with",
+            cfg.teacher_guidance,
+        )
+    return k
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,12 +346,16 @@ class Networks:
       teacher_net: ``(graphdef, params)`` of the teacher network whose features feed the
         discriminator, or ``None`` when the discriminator has its own backbone.
       sigma_data: the preconditioning's data standard deviation.
+      num_classes: the classes of the student and fake-score networks (``model``'s
+        ``num_classes``, and the discriminator backbone's when it has one): 0 for an
+        unconditional teacher, the teacher's ``K`` for a class-conditional one.
     """
 
     model: Any
     disc: Any
     teacher_net: tuple | None
     sigma_data: float
+    num_classes: int = 0
 
 
 def make_distill_step(
@@ -257,12 +377,18 @@ def make_distill_step(
 
     Args:
       teacher: a ``ScoreSource`` (network, Gaussian, mixture, empirical); its
-        ``process`` is the distillation's.
-      nets: the networks' graph definitions (:class:`Networks`).
+        ``process`` is the distillation's. A class-conditional one
+        (``ConditionalScore`` with ``num_classes = K > 0``: a conditional
+        ``NetworkScore``, a ``PerClassScore``) makes the student conditional (module
+        docstring). A random one (``SmoothedScore``) is bound to each step's examples.
+      nets: the networks' graph definitions (:class:`Networks`; ``nets.num_classes`` the
+        teacher's ``K``, or 0).
       cfg: :class:`DistillConfig`.
       optimizers: ``{'student', 'fake', 'disc'}`` optax transformations.
       ema: EMA of the student.
-      batch_fn: ``step -> [batch_size, *data_shape]`` real data (traceable).
+      batch_fn: ``step -> [batch_size, *data_shape]`` real data (traceable); for a
+        conditional teacher ``step -> (x, labels)`` with ``labels: [batch_size]`` int in
+        ``[0, K)``, each real example's class.
       batch_size: examples per step (>= 1).
       data_shape: shape of one example.
       jit: compile with the state donated.
@@ -282,25 +408,45 @@ def make_distill_step(
       ``grad_norm``, ``finite``, ``ema_beta``, ``r_mean``, ``r_min``, ``r_max`` (ratios
       after clipping, before normalisation), ``h_max`` (largest normalised weight) and
       ``ratio_bin<k>`` (the per-bin means after the step).
+
+    Raises:
+      ValueError: before anything is computed, naming ``trainer.batch_size``, ``teacher``,
+        ``data_shape``, ``batch_fn(step)`` (:func:`check_distill_shapes`: unlabelled data
+        for a conditional teacher, labelled data for an unconditional one),
+        ``nets.num_classes``, ``nets.teacher_net`` or ``distill.teacher_guidance``
+        (:func:`check_conditioning`: guidance of an unconditional teacher or of one
+        without a null label).
     """
     check_int(batch_size, "trainer.batch_size", low=1)
-    B, shape = batch_size, check_distill_shapes(teacher, batch_fn, batch_size, data_shape)
+    require(isinstance(teacher, ScoreSource), "teacher", "a scorelib ScoreSource", type(teacher))
+    K = check_conditioning(teacher, nets, cfg)
+    B, shape = batch_size, check_distill_shapes(teacher, batch_fn, batch_size, data_shape, K)
     process = teacher.process
     sd = nets.sigma_data
+    guided = teacher
+    if cfg.teacher_guidance != 1:
+        guided = ClassifierFreeGuidance.create(teacher, scale=cfg.teacher_guidance)
+    draw_labels = Labels.uniform(K) if K else None
 
     def per_example(x):
         """``x: [B, ...]`` laid out along the batch sharding (a no-op on one device)."""
         return x if batch_sharding is None else jax.lax.with_sharding_constraint(x, batch_sharding)
 
     def draws(key, i):
-        keys = per_example(example_keys(jax.random.fold_in(key, i), B))
+        """Per-example draws of step ``i``, and with a conditional teacher each example's
+        class (module docstring)."""
+        step_key = jax.random.fold_in(key, i)
+        keys = per_example(example_keys(step_key, B))
 
         def one(k):
             kz, ku, ke, kur, ker, k1 = jax.random.split(k, 6)
             n = lambda kk: jax.random.normal(kk, shape)  # noqa: E731
             return n(kz), jax.random.uniform(ku), n(ke), jax.random.uniform(kur), n(ker), n(k1)
 
-        return jax.tree.map(per_example, jax.vmap(one)(keys))
+        out = jax.tree.map(per_example, jax.vmap(one)(keys))
+        if draw_labels is None:
+            return out
+        return (*out, per_example(draw_labels.take(step_key, 0, B)))
 
     def noised(x0, u, eps):
         ve_sigma = cfg.draw_ve_sigma(u)
@@ -308,24 +454,41 @@ def make_distill_step(
         x_t = process.marginal_sample(x0, t, eps)
         return x_t, t, ve_sigma
 
-    def logits_at(disc_params, x, t):
+    def logits_at(disc_params, x, t, labels):
         x_in, c_noise = network_inputs(process, x, t, sd)
         feats = None
         if nets.teacher_net is not None:
-            feats = network_features(*nets.teacher_net, x_in, c_noise)
-        return nnx.merge(nets.disc, disc_params)(x_in, c_noise, feats)
+            feats = network_features(*nets.teacher_net, x_in, c_noise, labels)
+        return nnx.merge(nets.disc, disc_params)(x_in, c_noise, feats, labels)
+
+    def teacher_denoiser(state, x_t, t, c):
+        """``D(x_t, t)`` of the teacher bound to this step's examples (a random teacher's
+        per-example draws: ``for_examples``, a no-op for a deterministic one), given ``c``
+        for a conditional teacher (guided with ``teacher_guidance``)."""
+        src = guided.for_examples(jax.random.fold_in(state.rng, state.step), B, 0)
+        if c is None:
+            return src.denoiser(x_t, t)
+        return src.denoiser_given(x_t, t, c)
+
+    def real_batch(i):
+        """``(x_real, y)`` of step ``i``; ``y`` is ``None`` for an unconditional teacher."""
+        out = batch_fn(i)
+        if not K:
+            return per_example(out), None
+        return per_example(out[0]), per_example(jnp.asarray(out[1], jnp.int32))
 
     def forward(params, state, d):
         """Every quantity of the step; the gradient paths are those of the losses."""
-        z, u, eps, u_r, eps_r, n_r1 = d
-        g = generate(nets.model, params["student"], z, cfg.sigma_g, sd, cfg.sigma_refine)
+        z, u, eps, u_r, eps_r, n_r1, *rest = d
+        c = rest[0] if rest else None  # [B] classes of a conditional teacher
+        g = generate(nets.model, params["student"], z, cfg.sigma_g, sd, cfg.sigma_refine, labels=c)
         x_t, t, ve_sigma = noised(g, u, eps)
-        x_teacher = sg(teacher.denoiser(sg(x_t), t))
+        x_teacher = sg(teacher_denoiser(state, sg(x_t), t, c))
         fake = NetworkScore(
             process=process, graphdef=nets.model, params=params["fake"], sigma_data=sd
         )
-        x_fake = fake.denoiser(sg(x_t), t)
-        logits_fake = logits_at(params["disc"], x_t, t)
+        x_fake = fake.denoiser_given(sg(x_t), t, c)
+        logits_fake = logits_at(params["disc"], x_t, t, c)
         # density ratio and weights
         r = ratio.ratio_from_logits(
             logits_fake, logit_clip=cfg.logit_clip, ratio_min=cfg.ratio_min, ratio_max=cfg.ratio_max
@@ -338,17 +501,17 @@ def make_distill_step(
         w = losses.dmd_weight(g, x_teacher)
         l_student = jnp.mean(losses.student_example_losses(g, x_teacher, x_fake, h, w))
         l_gan = jnp.mean(losses.gan_generator_losses(logits_fake))
-        x_real = per_example(batch_fn(state.step))
+        x_real, y_real = real_batch(state.step)
         x_r, t_r, _ = noised(x_real, u_r, eps_r)
-        logits_real = logits_at(params["disc"], x_r, t_r)
+        logits_real = logits_at(params["disc"], x_r, t_r, y_real)
         l_disc = jnp.mean(
-            losses.discriminator_losses(logits_at(params["disc"], sg(x_t), t), logits_real)
+            losses.discriminator_losses(logits_at(params["disc"], sg(x_t), t, c), logits_real)
         )
         l_r1 = jnp.zeros((), jnp.float32)
         if cfg.r1_weight > 0:
             x_r1 = x_r + (R1_NOISE if cfg.r1_noise is None else cfg.r1_noise) * n_r1
             l_r1 = jnp.mean(
-                losses.r1_example_losses(logits_real, logits_at(params["disc"], x_r1, t_r))
+                losses.r1_example_losses(logits_real, logits_at(params["disc"], x_r1, t_r, y_real))
             )
             l_disc = l_disc + cfg.r1_weight * l_r1
         l_fake = jnp.mean(losses.fake_score_example_losses(x_fake, g))

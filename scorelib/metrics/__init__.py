@@ -1,8 +1,10 @@
 """Metrics: sample distances, Fréchet distances, classifier features, the classifier two-sample
-test, precision/recall, mode coverage of a known mixture, PF-ODE likelihood and bits/dim,
-memorisation, the estimators the tables report (relative score error, explained
-fraction, label variance), the asymmetry of a score's Jacobian (QCSBM) and out-of-distribution
-detection by multiscale score norms (MSMA)."""
+test, precision/recall (and, for class-conditional samples, the classifier accuracy
+against their labels and both tests per class), mode coverage of a known mixture, PF-ODE
+likelihood and bits/dim, memorisation, the estimators the tables report (relative score
+error, explained fraction, label variance), the asymmetry of a score's Jacobian (QCSBM) and
+out-of-distribution detection by multiscale score norms (MSMA), and a noise-conditional
+classifier's guidance-gradient error and accuracy (``guidance.py``)."""
 
 from scorelib.metrics.classifier import (
     ClassifierConfig,
@@ -10,6 +12,7 @@ from scorelib.metrics.classifier import (
     default_cache_dir,
     mnist_subset_config,
 )
+from scorelib.metrics.conditional import conditional_accuracy, per_class_two_sample
 from scorelib.metrics.conservative import score_asymmetry
 from scorelib.metrics.distances import (
     energy_distance,
@@ -22,6 +25,7 @@ from scorelib.metrics.distances import (
     wasserstein2_1d,
 )
 from scorelib.metrics.frechet import fd_features, fd_floor, frechet_distance, gaussian_stats
+from scorelib.metrics.guidance import classifier_gradient_error, noisy_classifier_accuracy
 from scorelib.metrics.label_variance import label_variance
 from scorelib.metrics.likelihood import bits_per_dim, dequantise, pf_ode_log_likelihood
 from scorelib.metrics.memorisation import (
@@ -54,6 +58,9 @@ __all__ = [
     "FeatureExtractor",
     "bits_per_dim",
     "c2st",
+    "noisy_classifier_accuracy",
+    "classifier_gradient_error",
+    "conditional_accuracy",
     "default_classifier",
     "dequantise",
     "default_cache_dir",
@@ -72,6 +79,7 @@ __all__ = [
     "mnist_subset_config",
     "nearest_neighbour_distances",
     "nearest_neighbours",
+    "per_class_two_sample",
     "noisy_samples",
     "pf_ode_log_likelihood",
     "precision_recall",

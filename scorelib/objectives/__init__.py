@@ -7,6 +7,7 @@ asymmetry of the score's Jacobian wraps any of them (:class:`QuasiConservative`)
 
 from scorelib.objectives import weights
 from scorelib.objectives.base import Objective, example_draws, reduce_per_example
+from scorelib.objectives.classifier import DLSM, NoisyCrossEntropy
 from scorelib.objectives.conservative import QuasiConservative, quasi_conservative
 from scorelib.objectives.dsm import DSM, EDMLoss
 from scorelib.objectives.smoothed import SmoothedScoreMatching
@@ -28,6 +29,8 @@ __all__ = [
     "TSM",
     "MixedScoreMatching",
     "SmoothedScoreMatching",
+    "NoisyCrossEntropy",
+    "DLSM",
     "SURE",
     "sure_risk",
     "QuasiConservative",

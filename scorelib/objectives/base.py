@@ -12,6 +12,15 @@ maps a score source, a batch of clean data and a key to a loss::
 (``scorelib/objectives/weights.py``) multiply per-example errors that are already
 reduced over the data axes, so a ``[batch]`` weight can never broadcast against a
 ``[batch, *data_shape]`` error.
+
+Class labels. A class-conditional source (:class:`scorelib.scores.ConditionalScore`)
+carries the batch's labels, bound by the train step (``source.with_labels(labels)``,
+``scorelib/training/step.py``); the objectives take no labels argument. An objective that
+evaluates the source on the whole batch in order (DSM, the EDM loss, the smoothed-score
+regression) needs nothing more: example ``b`` is scored with label ``b``. One that evaluates
+it per example (SURE's divergence, the QC penalty's Jacobian probes) binds each example's
+own label (:func:`example_source`), and one whose *label* depends on the class (TSM) reads
+them with :func:`source_labels`.
 """
 
 from __future__ import annotations
@@ -22,8 +31,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from scorelib._checks import check_choice
+from scorelib._checks import check_choice, require
 from scorelib.keys import example_keys
+from scorelib.scores.conditional import ConditionalScore
 
 Array = Any
 
@@ -57,6 +67,40 @@ def example_draws(key: jax.Array, x0: Array, scalar: str) -> tuple[Array, Array]
         return draw(ks, (), x0.dtype), jax.random.normal(ke, x0.shape[1:], x0.dtype)
 
     return jax.vmap(one)(example_keys(key, x0.shape[0]))
+
+
+def source_labels(source, batch: int) -> Array | None:
+    """The ``[batch]`` int32 class labels bound to ``source`` (``with_labels``; the null label
+    ``num_classes`` for an example trained unconditionally), or ``None`` for an unconditional
+    source or a conditional one without bound labels (it then answers with the null label).
+
+    Raises:
+      ValueError: naming ``labels`` when the bound labels are not one per example of the
+        batch.
+    """
+    if not isinstance(source, ConditionalScore) or source.labels is None:
+        return None
+    labels = source.labels
+    require(
+        tuple(labels.shape) == (batch,),
+        "labels",
+        f"one class label per example of the batch ({batch})",
+        f"shape {tuple(labels.shape)}",
+    )
+    return labels
+
+
+def example_source(source, label: Array | None):
+    """``source`` for one example: bound to ``label`` (a scalar, traced under ``vmap``) as a
+    batch of one, or ``source`` itself when ``label`` is ``None``.
+
+    For an objective that calls the source on one example at a time (inside ``jax.vmap``
+    over the batch): the source's labels are bound to the whole batch, so each call must
+    carry its own example's label (:func:`source_labels` gives them).
+    """
+    if label is None:
+        return source
+    return source.with_labels(jnp.reshape(label, (1,)))
 
 
 def reduce_per_example(err: Array, reduce: str) -> Array:

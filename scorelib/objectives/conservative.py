@@ -21,6 +21,12 @@ objective (so its losses are those of the objective alone called with that key) 
 ``fold_in(key, 1)`` for the probes, example ``b``'s from ``fold_in(fold_in(key, 1), b)``.
 JAX differentiates through the JVP and VJP directly (the paper's "two-step backpropagation"
 is a PyTorch memory device with the same gradient).
+
+Class labels: the Jacobian of example ``b`` is that of its own conditional score
+``s(x, t | c_b)``: with a conditional source (labels bound by the train step) each example's
+probes run on the source bound to its own label
+(:func:`scorelib.objectives.base.example_source`), since
+:func:`~scorelib.scores.jacobian.jacobian_asymmetry` calls the source one example at a time.
 """
 
 from __future__ import annotations
@@ -29,10 +35,11 @@ import math
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from flax import struct
 
 from scorelib._checks import check_choice, check_int, check_real, require
-from scorelib.objectives.base import Objective
+from scorelib.objectives.base import Objective, example_source, source_labels
 from scorelib.objectives.weights import DSM_WEIGHTINGS, dsm_weight
 from scorelib.scores.jacobian import FORMS, PROBE_NOISES, example_probes, jacobian_asymmetry
 
@@ -127,7 +134,17 @@ class QuasiConservative(Objective, struct.PyTreeNode):
         xt, t = self.example_points(x0, key)
         d = math.prod(x0.shape[1:])
         eps = example_probes(jax.random.fold_in(key, 1), x0.shape[0], self.probes, d, self.noise)
-        asym, _ = jacobian_asymmetry(source, xt, t, eps=eps, form=self.form)
+        labels = source_labels(source, x0.shape[0])
+        if labels is None:
+            asym, _ = jacobian_asymmetry(source, xt, t, eps=eps, form=self.form)
+        else:  # each example's Jacobian with its own label (a batch of one per example)
+            t = jnp.broadcast_to(jnp.asarray(t), (x0.shape[0],))
+
+            def one(xb, tb, eb, lb):
+                src = example_source(source, lb)
+                return jacobian_asymmetry(src, xb[None], tb[None], eps=eb[None], form=self.form)
+
+            asym = jax.vmap(one)(xt, t, eps, labels)[0][:, 0]
         return dsm_weight(self.weighting, process=self.process, t=t) * asym, asym
 
     def example_losses(self, source, x0, key):

@@ -65,6 +65,11 @@ Keys: the step's key is split into two streams, ``fold_in(key, 0)`` for the DSM 
 ``fold_in(fold_in(key, 1), b)``, :func:`scorelib.divergence.probe_vectors` over ``d``
 coordinates, reshaped to the data shape). The denoiser is applied to one example at a
 time (``vmap``), so an example's loss does not depend on its batch, whatever the source.
+
+Class labels: with a conditional source (labels bound by the train step), each example's
+SURE denoiser ``h(y) = D(y, sigma_n | c)`` is the source bound to that example's own label
+(:func:`scorelib.objectives.base.example_source`), and the DSM term scores the batch with
+its labels, so the loss is the conditional one example by example.
 """
 
 from __future__ import annotations
@@ -75,12 +80,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from scorelib._checks import check_choice, check_int, check_real, require
 from scorelib._pytree import static_pytree
 from scorelib.divergence import ESTIMATORS, PROBE_NOISES, probe_vectors, value_and_divergence
 from scorelib.keys import example_keys
-from scorelib.objectives.base import Objective
+from scorelib.objectives.base import Objective, example_source, source_labels
 from scorelib.objectives.dsm import EDMLoss
 from scorelib.objectives.weights import edm_weight
 from scorelib.processes.base import Process
@@ -91,7 +97,14 @@ FD_STEP = 1e-3  # default finite-difference step (data units; images in [-1, 1])
 
 
 def sure_risk(
-    denoise, y: Array, probes: Array, *, sigma_n: float, divergence: str = "jvp", eps=None
+    denoise,
+    y: Array,
+    probes: Array,
+    *,
+    sigma_n: float,
+    divergence: str = "jvp",
+    eps=None,
+    labels: Array | None = None,
 ) -> tuple[Array, Array]:
     """Stein's unbiased risk estimate of a denoiser, per example (module docstring).
 
@@ -106,6 +119,9 @@ def sure_risk(
       sigma_n: the noise standard deviation of ``y`` (a Python float > 0, data units).
       divergence: ``'jvp'`` or ``'fd'`` (:func:`scorelib.divergence.value_and_divergence`).
       eps: the finite-difference step (``'fd'`` only; data units, > 0).
+      labels: ``None``, or ``[batch]`` per-example values (class labels) mapped with the
+        examples: ``denoise(y_b, labels_b)`` is then called (the divergence is taken in
+        ``y_b`` only).
 
     Returns:
       ``(h, risk)``: ``h = denoise(y)`` ``[batch, *data_shape]`` and ``risk`` ``[batch]``,
@@ -127,9 +143,22 @@ def sure_risk(
         probes.shape,
     )
     d = math.prod(y.shape[1:])
-    h, div = jax.vmap(
-        lambda yb, bb: value_and_divergence(denoise, yb, bb, estimator=divergence, step=eps)
-    )(y, probes)
+    if labels is None:
+        h, div = jax.vmap(
+            lambda yb, bb: value_and_divergence(denoise, yb, bb, estimator=divergence, step=eps)
+        )(y, probes)
+    else:
+        require(
+            np.shape(labels)[:1] == (y.shape[0],),
+            "labels",
+            f"one per example of y ({y.shape[0]})",
+            np.shape(labels),
+        )
+        h, div = jax.vmap(
+            lambda yb, bb, lb: value_and_divergence(
+                lambda z: denoise(z, lb), yb, bb, estimator=divergence, step=eps
+            )
+        )(y, probes, labels)
     sq = jnp.sum((y - h) ** 2, axis=tuple(range(1, y.ndim)))
     return h, sq + 2.0 * sigma_n**2 * div - d * sigma_n**2
 
@@ -232,15 +261,23 @@ class SURE(Objective):
         t_n = p.t_of_ve_sigma(jnp.asarray(self.sigma_n, y.dtype))
         alpha_n = p.alpha(t_n)
 
-        def denoise(yb):  # h(y) = D(alpha(t_n) y, t_n): y is the VE-frame input at sigma_n
-            return source.denoiser((alpha_n * yb)[None], t_n)[0]
+        labels = source_labels(source, y.shape[0])
+
+        def denoise(yb, lb=None):  # h(y) = D(alpha(t_n) y, t_n [| c]): y in the VE frame
+            return example_source(source, lb).denoiser((alpha_n * yb)[None], t_n)[0]
 
         def draw(k):
             return jnp.reshape(probe_vectors(k, self.probes, d, self.probe), (self.probes, *shape))
 
         probes = jax.vmap(draw)(example_keys(jax.random.fold_in(key, 1), y.shape[0]))
         h, risk = sure_risk(
-            denoise, y, probes, sigma_n=self.sigma_n, divergence=self.divergence, eps=self.eps
+            denoise,
+            y,
+            probes,
+            sigma_n=self.sigma_n,
+            divergence=self.divergence,
+            eps=self.eps,
+            labels=labels,
         )
         sure = risk / d if self.reduce == "mean" else risk
         dsm, aux = self.dsm.example_losses(

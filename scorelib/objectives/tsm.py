@@ -32,6 +32,15 @@ thresholds means the same thing under every process:
   score ``-(x_t - alpha mu) / (alpha^2 sigma_d^2 + sigma^2)`` (checked in
   ``tests/tsm/test_tsm_objective.py``). ``sigma_d`` defaults to the target's
   ``sigma_data``.
+
+Class-conditional models. The identities hold for each class's law: with ``x_0 ~ p_0(. |
+c)``, ``E[grad_{x_0} log p_0(x_0 | c) / alpha | x_t, c] = grad log p_t(x_t | c)`` and the DSM
+label is unchanged. So for a conditional source (labels bound by the train step,
+``scorelib/training/step.py``) the TSM label of example ``b`` is its target's conditional
+clean score ``target.score_given(x_0, c_b) / alpha`` (``scorelib/data/targets.py``), and for
+an example whose label was dropped to the null label ``K`` the unconditional
+``target.score(x_0) / alpha`` (``score_given`` gives it for ``K``): the data are drawn from
+``p_0(. | c)`` and the null examples from the pooled ``p_0``, as label dropout trains them.
 """
 
 from __future__ import annotations
@@ -44,7 +53,13 @@ import jax.numpy as jnp
 
 from scorelib._checks import check_choice, check_real, is_real, require
 from scorelib._pytree import static_pytree
-from scorelib.objectives.base import REDUCTIONS, Objective, example_draws, reduce_per_example
+from scorelib.objectives.base import (
+    REDUCTIONS,
+    Objective,
+    example_draws,
+    reduce_per_example,
+    source_labels,
+)
 from scorelib.objectives.dsm import check_t_range
 from scorelib.objectives.weights import (
     DSM_WEIGHTINGS,
@@ -245,7 +260,9 @@ class MixedScoreMatching(Objective):
         t = p.t_of_ve_sigma(jnp.exp(log_lo + u * (log_hi - log_lo)))
         return jnp.clip(t, lo, hi).astype(u.dtype)
 
-    def labels(self, x0: Array, t: Array, eps: Array) -> dict[str, Array]:
+    def labels(
+        self, x0: Array, t: Array, eps: Array, classes: Array | None = None
+    ) -> dict[str, Array]:
         """The regression labels at given ``x0: [b, d]``, ``t: [b]``, ``eps: [b, d]``.
 
         Returns a dict with ``xt = alpha x0 + sigma eps``, ``u_dsm = -eps / sigma``,
@@ -253,6 +270,14 @@ class MixedScoreMatching(Objective):
         score is never evaluated), ``kappa [b]``, ``ve_sigma [b]`` and the mixed label
         ``u = kappa u_tsm + (1 - kappa) u_dsm`` (arrays ``[b, d]`` unless noted; labels
         in units of 1 / data). De Bortoli et al. 2024, Sec. 2.
+
+        ``classes``: ``None`` (unconditional), or ``[b]`` int class labels in ``[0, K]`` of
+        a conditional model (``K = target.num_classes`` the null label): then ``u_tsm =
+        target.score_given(x0, classes) / alpha`` (module docstring).
+
+        Raises:
+          ValueError: naming ``data.labels`` when ``classes`` are given for a target
+            without classes.
         """
         p = self.process
         xt = p.marginal_sample(x0, t, eps)
@@ -266,7 +291,12 @@ class MixedScoreMatching(Objective):
             u_tsm = jnp.zeros_like(x0)
             u = u_dsm
         else:
-            u_tsm = self.target.score(x0) / alpha
+            if classes is None:
+                clean = self.target.score(x0)
+            else:
+                self.target.require_classes("the TSM label of a class-conditional model")
+                clean = self.target.score_given(x0, classes)
+            u_tsm = clean / alpha
             u = u_tsm if self.kappa == "tsm" else k * u_tsm + (1.0 - k) * u_dsm
         return {
             "xt": xt,
@@ -280,6 +310,9 @@ class MixedScoreMatching(Objective):
     def example_losses(self, source, x0, key):
         """``lambda(t) reduce((source.score(x_t, t) - u)^2)`` per example.
 
+        With a conditional source (labels bound, e.g. by the train step) the TSM label of
+        each example is its class's (:meth:`labels` with the bound labels as ``classes``).
+
         Args:
           source: a score source (e.g. a ``NetworkScore`` being trained).
           x0: ``[batch, d]`` clean samples of the target (data units).
@@ -288,10 +321,24 @@ class MixedScoreMatching(Objective):
 
         Returns:
           ``(losses [batch], {"t", "ve_sigma", "kappa"})`` (each ``[batch]``).
+
+        Raises:
+          ValueError: naming ``data.labels`` (a target without classes) or
+            ``model.num_classes`` (not the target's number of classes) for a source with
+            bound labels.
         """
         u, eps = example_draws(key, x0, "uniform")
         t = self.times(u)
-        lab = self.labels(x0, t, eps)
+        classes = source_labels(source, x0.shape[0])
+        if classes is not None and self.kappa != "dsm":
+            k = self.target.require_classes("the TSM label of a class-conditional model")
+            require(
+                source.num_classes == k,
+                "model.num_classes",
+                f"the target's number of classes ({k}) for its TSM label",
+                source.num_classes,
+            )
+        lab = self.labels(x0, t, eps, classes)
         err = reduce_per_example((source.score(lab["xt"], t) - lab["u"]) ** 2, self.reduce)
         return self.weight(t) * err, {"t": t, "ve_sigma": lab["ve_sigma"], "kappa": lab["kappa"]}
 
@@ -324,7 +371,14 @@ class TSM(MixedScoreMatching):
         super().__post_init__()
 
 
-def label_residuals(objective: MixedScoreMatching, truth, x0: Array, t: Array, eps: Array) -> dict:
+def label_residuals(
+    objective: MixedScoreMatching,
+    truth,
+    x0: Array,
+    t: Array,
+    eps: Array,
+    classes: Array | None = None,
+) -> dict:
     """Squared distance of each regression label to the true noisy score, per example.
 
     Since ``E[u | x_t] = s_t(x_t)`` for every label, the mean of ``||u - s_t(x_t)||^2``
@@ -337,15 +391,19 @@ def label_residuals(objective: MixedScoreMatching, truth, x0: Array, t: Array, e
       truth: a score source of the exact noisy score under ``objective.process``
         (e.g. ``target.noisy_score(process)``).
       x0: ``[b, d]`` clean samples; t: ``[b]`` process times; eps: ``[b, d]`` noise.
+      classes: ``None``, or ``[b]`` class labels (``K`` null) of a conditional model; then
+        ``truth`` is a conditional source (e.g. ``target.noisy_score(process,
+        conditional=True)``) scored with them, against the class-conditional labels.
 
     Returns:
       ``{"u", "u_dsm", "u_tsm"}`` -> ``[b]`` squared Euclidean norms (summed over the data
       axes, so DSM's grows like ``d / sigma(t)^2`` at low noise; units of 1 / data^2).
     """
-    lab = objective.labels(x0, t, eps)
-    s = truth.score(lab["xt"], t)
+    lab = objective.labels(x0, t, eps, classes)
+    s = truth.score(lab["xt"], t) if classes is None else truth.score_given(lab["xt"], t, classes)
     if objective.kappa == "dsm":  # u_tsm was not computed
-        lab = {**lab, "u_tsm": objective.replace(kappa="tsm").labels(x0, t, eps)["u_tsm"]}
+        tsm = objective.replace(kappa="tsm").labels(x0, t, eps, classes)
+        lab = {**lab, "u_tsm": tsm["u_tsm"]}
     return {
         k: jnp.sum((lab[k] - s) ** 2, axis=tuple(range(1, x0.ndim)))
         for k in ("u", "u_dsm", "u_tsm")

@@ -7,10 +7,12 @@ unnormalised density's score), a trained network, and the closed-form Gaussian
 probability-flow ODE beside the Gaussian source, and the asymmetry of a source's Jacobian
 (``jacobian.py``: how far a score field is from a gradient field). Class-conditional
 sources (``conditional.py``: labels bound per example like a random source's keys, the
-exact per-class source) and guidance (``guidance.py``) are sources too.
+exact per-class source) and guidance (``guidance.py``) are sources too; the noise-conditional
+classifier that classifier guidance adds (``classifier.py``) lives beside them.
 """
 
 from scorelib.scores.base import ScoreSource, denoiser_from_score, score_from_denoiser
+from scorelib.scores.classifier import NoisyClassifier
 from scorelib.scores.conditional import ConditionalScore, Labels, PerClassScore
 from scorelib.scores.empirical import EmpiricalScore
 from scorelib.scores.gaussian import GaussianScore, gaussian_flow, gaussian_marginal_sample
@@ -28,6 +30,7 @@ __all__ = [
     "ConditionalScore",
     "Labels",
     "PerClassScore",
+    "NoisyClassifier",
     "GaussianScore",
     "MixtureScore",
     "EmpiricalScore",

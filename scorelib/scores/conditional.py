@@ -55,16 +55,19 @@ def check_label_values(values, num_classes: int, field: str = "labels") -> np.nd
     arr = np.asarray(values)
     ok = arr.size >= 1 and (
         np.issubdtype(arr.dtype, np.integer)
-        or (np.issubdtype(arr.dtype, np.floating) and np.all(arr == np.round(arr)))
+        or (
+            np.issubdtype(arr.dtype, np.floating)
+            and bool(np.all(np.isfinite(arr) & (arr == np.round(arr))))
+        )
     )
     require(ok, field, f"integer class labels in [0, {num_classes}] ({num_classes}: null)", values)
-    arr = arr.astype(np.int64)
+    # the range is checked before the cast, so a float label beyond int64 is not wrapped
     bad = arr[(arr < 0) | (arr > num_classes)]
     require(
         bad.size == 0,
         field,
         f"class labels in [0, {num_classes - 1}] (or {num_classes}, the null label)",
-        int(bad[0]) if bad.size else None,
+        bad[0].item() if bad.size else None,
     )
     return arr.astype(np.int32)
 
@@ -282,8 +285,15 @@ class ConditionalScore(ScoreSource):
         (example ``i`` gets ``labels[i % len(labels)]``).
 
         Raises:
-          ValueError: naming ``sampler.labels`` for labels outside ``[0, num_classes]``.
+          ValueError: naming ``sampler.labels`` for labels outside ``[0, num_classes]``, or
+            for any labels when the source is unconditional (``num_classes = 0``).
         """
+        require(
+            self.num_classes > 0,
+            "sampler.labels",
+            "None for an unconditional model (model.num_classes = 0)",
+            labels,
+        )
         return self.replace(condition=as_labels(labels, self.num_classes), labels=None)
 
     def with_labels(self, labels: Array) -> ConditionalScore:
@@ -391,6 +401,38 @@ class PerClassScore(ConditionalScore):
             log_prior=jnp.asarray(np.log(p / p.sum()), dtype),
             null=null,
         )
+
+    @classmethod
+    def from_labelled(cls, fit, x, labels, num_classes: int) -> PerClassScore:
+        """The exact class-conditional source of a labelled data set: ``fit`` (e.g.
+        ``lambda x: fit_gaussian(process, x)`` for a class's Gaussian, or
+        ``lambda x: EmpiricalScore.create(process, x)`` for the training set restricted to
+        the class) of each class's examples, the classes weighted by their counts, so that
+        the null label is the pooled data's law (exactly for the training set; for the
+        Gaussians, the mixture of the class Gaussians).
+
+        Args:
+          fit: ``x_c [n_c, *data_shape] -> ScoreSource``.
+          x: ``[n, *data_shape]`` data; labels: ``[n]`` int classes in ``[0, num_classes)``.
+          num_classes: ``K >= 1``.
+
+        Raises:
+          ValueError: naming ``labels`` for a shape other than ``[n]``, a class outside
+            ``[0, K)`` or a class with fewer than two examples.
+        """
+        x = np.asarray(x)
+        k = check_int(num_classes, "model.num_classes", low=1)
+        labels = np.asarray(labels)
+        require(labels.shape == (x.shape[0],), "labels", f"[n] = ({x.shape[0]},)", labels.shape)
+        labels = check_label_values(labels, k - 1, "labels")
+        counts = np.bincount(labels, minlength=k)
+        require(
+            counts.min() >= 2,
+            "labels",
+            "at least two examples of every class (a per-class source is fitted to them)",
+            f"class {int(np.argmin(counts))} with {int(counts.min())}",
+        )
+        return cls.create([fit(x[labels == c]) for c in range(k)], prior=counts)
 
     @property
     def num_classes(self) -> int:

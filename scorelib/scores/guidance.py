@@ -17,7 +17,9 @@ the unconditional (guide) model, ``w > 1`` guides. Ho and Salimans write
 ``(1 + w_HS) D(c) - w_HS D(null)`` with ``w_HS = 0`` unguided: ``w = 1 + w_HS``
 (:func:`lerp_weight_from_ho_salimans`). The guide is the model's own null label (one batched
 call of ``2 * batch`` examples), or any other source (EDM2's autoguidance guides with a
-weaker model).
+weaker model). Guidance acts for every ``w != 1`` (below 1 too); at ``w = 1`` the source is
+the model itself, bit for bit, and the guide is not evaluated (``lax.cond`` on the scale, so
+the scale stays a leaf; EDM2's ``generate_images.py`` skips the guide at 1 likewise).
 
 * ``interval``: Kynkäänniemi et al. 2024 ("Applying guidance in a limited interval
   improves sample and distribution quality in diffusion models", Sec. 3): guidance acts only
@@ -92,7 +94,11 @@ def check_interval(interval) -> tuple[float, float] | None:
     if interval is None:
         return None
     field = "sampler.guidance.interval"
-    require(len(interval) == 2, field, "a pair [lo, hi] of VE noise levels", interval)
+    try:
+        pair = len(interval) == 2 and not isinstance(interval, str)
+    except TypeError:  # a number, not a pair
+        pair = False
+    require(pair, field, "a pair [lo, hi] of VE noise levels", interval)
     lo = check_real(interval[0], field, low=0.0)
     hi = check_real(interval[1], field, low=0.0, low_open=True, allow_inf=True)
     require(lo < hi, field, "a pair with lo < hi", tuple(interval))
@@ -165,7 +171,9 @@ class ClassifierFreeGuidance(ConditionalScore):
     def create(
         cls, model, *, scale: float, guide=None, interval=None, filter: str = "none"
     ) -> ClassifierFreeGuidance:
-        """Guide ``model`` with weight ``scale`` (the lerp weight ``w``).
+        """Guide ``model`` with weight ``scale`` (the lerp weight ``w``). A ``model`` already
+        conditioned (``model.conditioned(labels)``) passes its labels on: the guided source
+        guides towards them (``conditioned`` on the guided source replaces them).
 
         Raises:
           ValueError: naming ``sampler.guidance.*``: a model that is not conditional or has
@@ -198,6 +206,8 @@ class ClassifierFreeGuidance(ConditionalScore):
         dtype = jax.dtypes.canonicalize_dtype(np.float64)
         return cls(
             process=model.process,
+            labels=model.labels,  # a conditioned model's labels guide (not the null label)
+            condition=model.condition,
             model=model,
             guide=guide,
             scale=jnp.asarray(scale, dtype),
@@ -235,18 +245,21 @@ class ClassifierFreeGuidance(ConditionalScore):
         :meth:`~scorelib.scores.conditional.ConditionalScore.denoiser_given`."""
         check_query(self, x, t)
 
+        w = jnp.asarray(self.scale, x.dtype)
+
         def guided():
             d_c, d_u = self._pair(x, t, labels)
             if self.filter == "tangential":
                 x_ve = x / broadcast_to_data(self.process.alpha(t), x)
                 d_u = x_ve - tangential_filter(x_ve - d_c, x_ve - d_u)
-            w = jnp.asarray(self.scale, x.dtype)
             return d_u + w * (d_c - d_u)
 
-        if self.interval is None:
-            return guided()
-        inside = inside_interval(self.process, t, self.interval)
-        return _switch(inside, guided, lambda: self.model.denoiser_given(x, t, labels), x)
+        # w = 1 is the model itself, exactly and without the guide (EDM2 skips it too);
+        # outside the interval likewise. A traced test: the scale stays a leaf.
+        on = w != 1
+        if self.interval is not None:
+            on = on & inside_interval(self.process, t, self.interval)
+        return _switch(on, guided, lambda: self.model.denoiser_given(x, t, labels), x)
 
 
 class ClassifierGuidance(ConditionalScore):

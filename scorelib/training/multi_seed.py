@@ -60,13 +60,15 @@ def train_seeds(
     *,
     log_every: int = 0,
     on_log: Callable[[int, dict[str, np.ndarray]], None] | None = None,
+    label_dropout: float = 0.0,
 ) -> tuple[dict[str, TrainState], dict[str, float]]:
     """Train every objective from every initial state for ``num_steps`` steps.
 
     Args:
       objectives: ``{name: objective}``, each ``objective(source, x0, key) -> (loss,
         metrics)`` as :func:`make_train_step` takes it.
-      make_source, optimizer, ema, batch_fn: as :func:`make_train_step`, shared by all runs.
+      make_source, optimizer, ema, batch_fn, label_dropout: as :func:`make_train_step`,
+        shared by all runs (``batch_fn`` may return ``(x0, labels)``).
       states: one initial :class:`TrainState` per seed (e.g. from
         :func:`scorelib.training.init_state` with the seed's network); every objective
         starts from a copy of each.
@@ -91,7 +93,15 @@ def train_seeds(
     log_every = check_int(log_every, "log_every", low=0)
     names = list(objectives)
     raw = {
-        k: make_train_step(objectives[k], make_source, optimizer, ema, batch_fn, jit=False)
+        k: make_train_step(
+            objectives[k],
+            make_source,
+            optimizer,
+            ema,
+            batch_fn,
+            jit=False,
+            label_dropout=label_dropout,
+        )
         for k in names
     }
 

@@ -11,6 +11,26 @@ Every random draw and every batch depends only on ``(key, i)``, so a run resumed
 from a checkpoint at step ``k`` computes exactly what the uninterrupted run
 computes; nothing depends on where a run was interrupted.
 
+Class labels and label dropout (``data.labels``, ``objective.label_dropout``). When
+``batch_fn(i)`` returns ``(x0, labels)`` (``labels: [batch]`` int in ``[0, K)``, ``K`` the
+source's ``num_classes``), the objective gets the source with the labels bound,
+``make_source(params, k_drop).with_labels(labels')``, where each example's label is
+replaced by the null label ``K`` (the unconditional score) with probability
+``label_dropout`` (p), so that one network learns the conditional and the unconditional
+score (classifier-free guidance, Ho and Salimans 2022; k-diffusion's ``cond_dropout_rate``)::
+
+    k_b   = fold_in(fold_in(k_drop, LABEL_DROPOUT_SALT), b)       # example b of the global batch
+    drop_b = bernoulli(k_b, p);   labels'_b = K if drop_b else labels_b
+
+The draw of example ``b`` depends only on the step key and ``b`` (the example's position in
+the global batch, as its data key): not on the batch size, on how the batch is sharded over
+devices, or on the number of processes, and never on anything inside the network (EDM drew
+its mask inside the forward pass from a global RNG; here the network sees only labels).
+``LABEL_DROPOUT_SALT`` keeps the draw apart from the network's own dropout draws from
+``k_drop`` (``nnx.Rngs``' small counters). The step's metrics then hold ``null_labels``, the
+share of null labels in the batch. A ``batch_fn`` that returns a bare array runs exactly the
+step of before labels existed, bit for bit.
+
 Non-finite handling (:func:`apply_update` and :func:`advance`, which every train step
 uses, distillation's too): a step is *non-finite* when the loss or the global gradient
 norm is NaN/inf. Its update is always discarded (params, EMA and optimizer state
@@ -32,8 +52,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from scorelib._checks import require
+from scorelib._checks import check_real, require
+from scorelib.keys import LABEL_DROPOUT_SALT, example_keys
 from scorelib.scores import NetworkScore
+from scorelib.scores.conditional import is_conditional
 from scorelib.training.ema import EMA, ema_update
 from scorelib.training.state import TrainState
 
@@ -65,6 +87,62 @@ def network_source(
         )
 
     return make_source
+
+
+def check_label_dropout(label_dropout) -> float:
+    """``label_dropout`` as a float in ``[0, 1)``.
+
+    Raises:
+      ValueError: naming ``objective.label_dropout`` otherwise (1 would never train a label).
+    """
+    return check_real(label_dropout, "objective.label_dropout", low=0.0, high=1.0, high_open=True)
+
+
+def drop_labels(labels, key, p: float, null_label: int):
+    """Each example's label replaced by ``null_label`` with probability ``p``.
+
+    Example ``b`` draws ``bernoulli(fold_in(fold_in(key, LABEL_DROPOUT_SALT), b), p)``
+    (module docstring), so the draw depends only on ``key`` and ``b``.
+
+    Args:
+      labels: ``[batch]`` int labels.
+      key: the step's ``k_drop``.
+      p: the dropout probability in ``[0, 1)`` (0 returns ``labels`` unchanged, no draw).
+      null_label: the source's null label ``K``.
+
+    Returns:
+      ``[batch]`` int32 labels.
+    """
+    labels = jnp.asarray(labels, jnp.int32)
+    if p == 0.0:
+        return labels
+    keys = example_keys(jax.random.fold_in(key, LABEL_DROPOUT_SALT), labels.shape[0])
+    drop = jax.vmap(lambda k: jax.random.bernoulli(k, p))(keys)
+    return jnp.where(drop, jnp.int32(null_label), labels)
+
+
+def split_batch(batch, field: str = "batch_fn(step)"):
+    """``(x0, labels)`` of what a ``batch_fn`` returns: an array ``x0`` (labels ``None``) or a
+    pair ``(x0, labels)`` with ``labels: [batch]`` integer.
+
+    Raises:
+      ValueError: naming ``field`` for a tuple that is not such a pair.
+    """
+    if not isinstance(batch, (tuple, list)):
+        return batch, None
+    require(len(batch) == 2, field, "x0 or a pair (x0, labels)", f"{len(batch)} arrays")
+    x0, labels = batch
+    dtype = getattr(labels, "dtype", None)
+    require(
+        jnp.ndim(labels) == 1
+        and labels.shape[0] == x0.shape[0]
+        and dtype is not None
+        and jnp.issubdtype(dtype, jnp.integer),
+        f"{field} labels",
+        f"integer class labels [batch] ({x0.shape[0]}, one per example of x0)",
+        f"dtype {dtype} and shape {jnp.shape(labels)}",
+    )
+    return x0, labels
 
 
 def _select(pred, new, old):
@@ -156,6 +234,30 @@ def advance(state: TrainState, new: TrainState, finite: jax.Array) -> TrainState
     )
 
 
+def update_step(state, loss, metrics, grads, optimizer, ema: EMA, lr_schedule=None):
+    """The end of a single-optimizer train step: :func:`apply_update` with the EMA decay of
+    ``state.step``, :func:`advance`, and the step's float32 metrics (the objective's
+    ``metrics`` plus ``loss``, ``grad_norm``, ``ema_beta``, ``finite`` and, with
+    ``lr_schedule``, ``lr`` at update count ``step - n_skipped``).
+
+    Returns:
+      ``(new state, metrics)``.
+    """
+    beta = ema.beta(state.step)
+    new, grad_norm, finite = apply_update(state, loss, grads, optimizer, ema_beta=beta)
+    new = advance(state, new, finite)
+    out = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
+    out.update(
+        loss=loss.astype(jnp.float32),
+        grad_norm=grad_norm.astype(jnp.float32),
+        ema_beta=beta,
+        finite=finite.astype(jnp.float32),
+    )
+    if lr_schedule is not None:
+        out["lr"] = jnp.asarray(lr_schedule(state.step - state.n_skipped), jnp.float32)
+    return new, out
+
+
 def make_train_step(
     objective: Callable,
     make_source: Callable[[Any, jax.Array], Any],
@@ -166,6 +268,7 @@ def make_train_step(
     lr_schedule: Callable | None = None,
     jit: bool = True,
     batch_sharding: jax.sharding.Sharding | None = None,
+    label_dropout: float = 0.0,
 ) -> Callable[[TrainState], tuple[TrainState, dict]]:
     """Build ``step(state) -> (state, metrics)``, jit-compiled with the state donated.
 
@@ -175,8 +278,10 @@ def make_train_step(
       make_source: ``(params, dropout_key) -> ScoreSource`` (see :func:`network_source`).
       optimizer: an optax transformation (e.g. :func:`make_optimizer`).
       ema: an :class:`EMA` configuration.
-      batch_fn: ``step_index (int32 scalar) -> x0 [batch, *data_shape]``, a pure
-        traceable function (the batch is produced inside the compiled step).
+      batch_fn: ``step_index (int32 scalar) -> x0 [batch, *data_shape]``, or ``-> (x0,
+        labels [batch])`` with integer class labels in ``[0, K)`` for a class-conditional
+        source (``K`` its ``num_classes``); a pure traceable function (the batch is produced
+        inside the compiled step).
       lr_schedule: optional ``count -> lr`` to report ``metrics['lr']`` at update count
         ``step - n_skipped``.
       jit: compile (with ``donate_argnums=0``); ``False`` for debugging.
@@ -184,37 +289,74 @@ def make_train_step(
         ``scorelib.parallel.batch_sharding(mesh)``, split along the batch axis); each
         device then computes the loss of its part of the batch and the gradients are
         all-reduced. Place the state with ``scorelib.parallel.shard`` (replicated). The
-        per-example keys make the result that of one device up to float rounding.
+        per-example keys make the result that of one device up to float rounding. The
+        labels are split the same way.
+      label_dropout: the probability in ``[0, 1)`` that an example's label is replaced by the
+        null label (module docstring); > 0 needs labels.
+
+    Raises:
+      ValueError: naming ``objective.label_dropout`` (outside ``[0, 1)``) at once; and when
+        the step is first traced (its first call, before anything is compiled): naming
+        ``model.num_classes`` for labels with a source that is not class-conditional,
+        ``data.labels`` for ``label_dropout > 0`` without labels, ``batch_fn(step)`` for a
+        batch that is neither ``x0`` nor ``(x0, labels [batch])``.
 
     Returns:
       ``step``; after ``state, m = step(state)`` the old ``state`` must not be used
       (its buffers were donated). ``m`` holds float32 scalars ``loss``, ``grad_norm``,
-      ``ema_beta``, ``finite`` (1.0 or 0.0), the objective's metrics and ``lr`` if given.
+      ``ema_beta``, ``finite`` (1.0 or 0.0), the objective's metrics, ``lr`` if given and,
+      with labels, ``null_labels`` (the share of the batch trained unconditionally).
     """
+    label_dropout = check_label_dropout(label_dropout)
 
     def step(state: TrainState) -> tuple[TrainState, dict]:
         i = state.step
         k_loss, k_drop = jax.random.split(jax.random.fold_in(state.rng, i))
-        x0 = batch_fn(i)
+        x0, labels = split_batch(batch_fn(i))
         if batch_sharding is not None:
             x0 = jax.lax.with_sharding_constraint(x0, batch_sharding)
+        null_frac = None
+        if labels is None:
+            require(
+                label_dropout == 0.0,
+                "data.labels",
+                "true for objective.label_dropout > 0 (a batch_fn that returns (x0, labels))",
+                False,
+            )
+        else:
+            k = _source_classes(make_source, state.params, k_drop)
+            labels = drop_labels(labels, k_drop, label_dropout, k)
+            if batch_sharding is not None:
+                labels = jax.lax.with_sharding_constraint(labels, batch_sharding)
+            null_frac = jnp.mean((labels == k).astype(jnp.float32))
 
         def loss_fn(params):
-            return objective(make_source(params, k_drop), x0, k_loss)
+            source = make_source(params, k_drop)
+            if labels is not None:
+                source = source.with_labels(labels)
+            return objective(source, x0, k_loss)
 
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-        beta = ema.beta(i)
-        new, grad_norm, finite = apply_update(state, loss, grads, optimizer, ema_beta=beta)
-        new = advance(state, new, finite)
-        out = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
-        out.update(
-            loss=loss.astype(jnp.float32),
-            grad_norm=grad_norm.astype(jnp.float32),
-            ema_beta=beta,
-            finite=finite.astype(jnp.float32),
-        )
-        if lr_schedule is not None:
-            out["lr"] = jnp.asarray(lr_schedule(state.step - state.n_skipped), jnp.float32)
+        new, out = update_step(state, loss, metrics, grads, optimizer, ema, lr_schedule)
+        if null_frac is not None:
+            out["null_labels"] = null_frac
         return new, out
 
     return jax.jit(step, donate_argnums=0) if jit else step
+
+
+def _source_classes(make_source, params, key) -> int:
+    """``K``, the ``num_classes`` of the source ``make_source`` builds (a static attribute;
+    building the source computes nothing).
+
+    Raises:
+      ValueError: naming ``model.num_classes`` when it is not class-conditional.
+    """
+    source = make_source(params, key)
+    require(
+        is_conditional(source),
+        "model.num_classes",
+        "> 0 (a class-conditional network) for batches with labels (data.labels=true)",
+        getattr(source, "num_classes", 0),
+    )
+    return int(source.num_classes)

@@ -15,6 +15,7 @@ from experiments.runs.score import model_fingerprint_defaults
 from scorelib.nets import UNet
 from scorelib.processes import EDM
 from scorelib.samplers import SAMPLERS
+from scorelib.training import make_train_step
 
 
 def _compose(*overrides):
@@ -39,6 +40,9 @@ def _compose(*overrides):
 def test_a_schema_default_is_what_the_class_does_without_the_argument(group, option):
     node = OmegaConf.to_container(OmegaConf.structured(schema.group_schemas()[group, option]))
     cls = get_object(node.pop("_target_"))
+    if group == "objective":  # the train step's field, not the objective's (experiments.build)
+        assert node.pop("label_dropout") == 0.0
+        assert inspect.signature(make_train_step).parameters["label_dropout"].default == 0.0
     built = cls() if group == "process" else cls(EDM())
     assert node  # every argument is a field
     for key, value in node.items():
@@ -75,14 +79,19 @@ def test_a_distillation_checkpoint_without_sigma_refine_stands_for_no_refining_s
     """A checkpoint written before ``distill.sigma_refine`` existed resumes as a run whose
     option is the library's and the preset's default (no refining stage)."""
     import dataclasses
+    import types
 
     from experiments.runs.distill import DistillRun
     from scorelib.distill import DistillConfig
 
-    defaults = DistillRun.fingerprint_defaults(None)
+    run = types.SimpleNamespace(cfg=OmegaConf.create({}))  # a teacher run: no model section
+    defaults = DistillRun.fingerprint_defaults(run)
     library = {f.name: f.default for f in dataclasses.fields(DistillConfig)}
     yaml = OmegaConf.load(ROOT / "configs/distill/fdistill.yaml")
-    for key, value in defaults.items():
+    distill_keys = {k: v for k, v in defaults.items() if k.startswith("distill.")}
+    for key, value in distill_keys.items():
         name = key.removeprefix("distill.")
         assert library[name] == yaml[name] == value, key
-    assert defaults == {"distill.sigma_refine": None}
+    assert distill_keys == {"distill.sigma_refine": None, "distill.teacher_guidance": 1.0}
+    # fields added with conditioning: an unconditional model of unlabelled data
+    assert defaults["model.num_classes"] == 0 and defaults["data.labels"] is False

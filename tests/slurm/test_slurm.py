@@ -203,10 +203,14 @@ def test_submitit_time_limit_signal_saves_before_requeue(slurm, tmp_path):
 # a head at every resolution and on the middle block, as at paper scale (one feature map
 # per resolution: tests/distill/test_step.py); no attention and one residual block per level
 # keep the compilation of its train step and of the distillation steps (the test's cost) short.
+# Class-conditional, as the preset asks (the .npz's `labels`, 10 classes).
 CIFAR_TEACHER = [
     "experiment=mnist_edm",
     "name=cifar10_edm",
     "data=npz",
+    "data.labels=true",
+    "model.num_classes=10",
+    "sampler.labels=balanced",  # no label dropout: its null label is untrained
     "model.channels=8",
     "model.channel_mult=[1,2]",
     "model.num_res_blocks=1",
@@ -255,6 +259,8 @@ def test_paper_scale_cifar10_fdistill_preset_runs_through_the_launcher(slurm, tm
         data,
         images=rng.integers(0, 256, (32, 32, 32, 3), dtype=np.uint8),
         test_images=rng.integers(0, 256, (8, 32, 32, 3), dtype=np.uint8),
+        labels=np.arange(32) % 10,
+        test_labels=np.arange(8) % 10,
     )
     train_locally(
         tmp_path, *CIFAR_TEACHER, f"data.path={data}", "hydra.run.dir=teacher", env=slurm.env
@@ -311,8 +317,10 @@ def test_paper_scale_cifar10_fdistill_preset_runs_through_the_launcher(slurm, tm
                 assert math.isfinite(r[k]), (div, r)
             assert r["loss_r1"] > 0 and r["n_skipped"] == 0, (div, r)  # R1 was active
     # one-step samples of a distilled student, drawn again by experiments.sample
-    drawn = runs["kl"] / "samples/step6/onestep_1_n8_seed0"
+    drawn = runs["kl"] / "samples/step6/onestep_1_n8_seed0+labels-balanced"
     in_job = np.load(drawn / "samples.npz")["samples"]
+    # a class-conditional student: its samples' classes beside them (balanced: 0..9 in turn)
+    np.testing.assert_array_equal(np.load(drawn / "samples.npz")["labels"], np.arange(8))
     for f in drawn.iterdir():
         f.unlink()
     drawn.rmdir()

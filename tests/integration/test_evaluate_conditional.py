@@ -1,0 +1,125 @@
+"""experiments.evaluate on conditional samples (a ``labels`` array beside ``samples``): the
+classifier accuracy and the per-class rows beside their floors, told apart on real digits
+with true and with shuffled labels; bad labels refused in one line naming ``samples=`` and
+the file, before anything is written."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from entry_helpers import ROOT, run_inprocess
+from omegaconf import OmegaConf
+
+from experiments.runs.evaluation import evaluate_images, format_image_table, load_labels
+from scorelib.data.images import load_digits
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory):
+    """A digits run directory (its config only: no checkpoint, so no bits/dim)."""
+    from hydra import compose, initialize_config_dir
+
+    from experiments.schema import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("train", overrides=["experiment=digits_edm"])
+    run_dir = tmp_path_factory.mktemp("conditional") / "digits"
+    run_dir.mkdir()
+    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    return run_dir
+
+
+def _few(y):
+    """Class 3 down to 2 samples (the others moved to class 4)."""
+    y = y.copy()
+    y[np.flatnonzero(y == 3)[2:]] = 4
+    return y
+
+
+BAD_LABELS = [
+    (lambda y: y[:-1], "labels must be [60] integer classes (one per sample); got shape (59,)"),
+    (lambda y: y * 0.5, "labels must be [60] integer classes (one per sample); got shape (60,), "),
+    (lambda y: np.where(y == 3, 10, y), "labels must be classes of the data (0..9); got 10 (6 "),
+    (_few, "the per-class two-sample tests need at least 10 samples of each class (5 folds, "),
+]
+
+
+@pytest.mark.parametrize("make, expected", BAD_LABELS, ids=["short", "float", "11th", "few"])
+def test_bad_labels_are_refused_in_one_line_naming_the_file(digits_run, tmp_path, make, expected):
+    d = load_digits()
+    samples = tmp_path / "samples.npz"
+    np.savez(samples, samples=d.train[:60], labels=make(np.arange(60) % 10))
+    r = run_inprocess("evaluate", f"run_dir={digits_run}", f"samples={samples}")
+    assert r.code == 2, (r.code, r.stderr[-3000:])
+    assert len(r.err_lines) == 1, r.stderr[-3000:]
+    assert expected in r.err_lines[0], r.err_lines[0]
+    if make is not _few:  # refused by the entry point, naming the file
+        assert f"samples={samples}: labels must be" in r.err_lines[0]
+    else:
+        assert "class 3 has 2 of 60: draw more (sampler.num_samples)" in r.err_lines[0]
+    assert not (tmp_path / "eval.json").exists() and not (tmp_path / "eval.md").exists()
+
+
+def test_labels_are_read_when_present(tmp_path):
+    np.savez(tmp_path / "a.npz", samples=np.zeros((4, 2)), labels=np.arange(4))
+    np.savez(tmp_path / "b.npz", samples=np.zeros((4, 2)))
+    np.savez(tmp_path / "c.npz", samples=np.zeros((4, 2)), labels=np.arange(3))
+    assert load_labels(tmp_path / "a.npz").tolist() == [0, 1, 2, 3]
+    assert load_labels(tmp_path / "b.npz") is None
+    with pytest.raises(ValueError, match=r"^samples=.*c\.npz: labels must be \[4\] integer"):
+        load_labels(tmp_path / "c.npz")
+
+
+@pytest.mark.slow  # 45 to 90 s on 2 busy cores: two evaluations with per-class tests
+def test_true_and_shuffled_labels_are_told_apart_per_class_not_pooled():
+    d = load_digits()
+    small = dataclasses.replace(d, test=d.test[:150], test_labels=d.test_labels[:150])
+    x, y = d.train[:400], d.train_labels[:400]
+    kw = dict(seed=0, floor_draws=2, two_sample_draws=1)
+    good = evaluate_images(x, small, "digits", labels=y, **kw)
+    bad = evaluate_images(x, small, "digits", labels=np.random.default_rng(0).permutation(y), **kw)
+    assert good["conditional"] and good["per_class_classes"] == list(range(10))
+    assert (
+        min(good["per_class_n"]) >= 10 and len(good["per_class_c2st_pixels_samples_values"]) == 10
+    )
+    # accuracy: the classifier knows training digits; shuffled labels are at chance
+    assert good["accuracy_samples"] > 0.95 and bad["accuracy_samples"] < 0.2
+    assert good["accuracy_floor"] == bad["accuracy_floor"] > 0.9  # its test accuracy
+    assert good["accuracy_samples_n"] == 400 and good["accuracy_floor_n"] == 150
+    for space in ("pixels", "features"):
+        c2st, floor = f"per_class_c2st_{space}_samples", f"per_class_c2st_{space}_floor"
+        assert abs(good[c2st] - good[floor]) < 0.1, (good[c2st], good[floor])
+        assert bad[c2st] > bad[floor] + 0.2, (bad[c2st], bad[floor])
+        assert bad[f"per_class_precision_{space}_samples"] < 0.5
+        # the pooled test cannot tell: the union of the samples is the same digits
+        pooled = bad[f"c2st_{space}_samples"]
+        assert abs(pooled - bad[f"c2st_{space}_floor"]) < 0.1, (pooled, space)
+    assert good[f"{c2st}_min"] <= good[c2st] <= good[f"{c2st}_max"]
+    table = format_image_table(bad, "digits")
+    head, rows = table.splitlines()[0], table.splitlines()[2:4]
+    n = bad["per_class_n"]  # the first 150 test digits: 10 to 19 of a class
+    assert head.startswith(
+        f"| conditional samples, 10 classes: {min(n)}-{max(n)} of each vs the test images"
+    )
+    assert "| classifier accuracy vs labels | C2ST pixels | C2ST features |" in head
+    assert rows[0].startswith(f"| samples | {bad['accuracy_samples']:.3f} +- ")
+    assert "(test images)" in rows[1] and "Worst classes: accuracy" in table
+    json.dumps(bad)  # eval.json can hold every value
+
+
+@pytest.mark.slow  # 20 to 45 s: a run directory's evaluation through the command line
+def test_evaluate_command_reports_the_conditional_rows(digits_run, tmp_path):
+    d = load_digits()
+    samples = tmp_path / "samples.npz"
+    np.savez(samples, samples=d.train[:359], labels=d.train_labels[:359])
+    r = run_inprocess("evaluate", f"run_dir={digits_run}", f"samples={samples}")
+    assert r.code == 0, r.stderr[-3000:]
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert result["conditional"] and result["accuracy_samples"] > 0.95
+    table = (tmp_path / "eval.md").read_text()
+    assert table.startswith("| conditional samples, 10 classes")
+    assert "| C2ST pixels |" in table and "FD_digits" in table  # the pooled rows as before
