@@ -193,7 +193,7 @@ SHARDED = textwrap.dedent(
     sys.path.insert(0, {here!r})
     import jax, jax.numpy as jnp, numpy as np
     from scorelib import distill, parallel
-    import test_conditional as tc
+    import test_distill_labels as tc
 
     assert jax.device_count() == 2, jax.devices()
     mesh = parallel.make_mesh()
