@@ -21,8 +21,12 @@ guidance, ``w = 1`` as a plain conditioned source):
   (``scorelib.nets.classifier``, when installed): prior + the classifier's forward and
   backward.
 
-Timings: minimum of ``--repeats`` runs after a warm-up (compile) run, each ended by
-``block_until_ready``; wall clock (process CPU time with ``--cpu-time``). Target (issue 36):
+Timings: every row compiled and run once, then ``--repeats`` interleaved rounds, each
+running every row once (so a slow spell of a shared machine hits all rows alike); each
+row's minimum over the rounds, each run ended by ``block_until_ready``; wall clock
+(process CPU time with ``--cpu-time``). The sampler's CPU blocks hold ``CPU_CHUNK /
+source.batch_multiple()`` examples (512 for CFG's batched call), so the network's batch is
+the same in every row. Target (issue 36):
 CFG at most 2.1x the unguided time per NFE; interval CFG cheaper in proportion to the
 levels it skips.
 
@@ -32,12 +36,14 @@ levels it skips.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
+import time
 from typing import Any
 
 import jax
-import samplers  # benchmarks/samplers.py: timeit, CPU_TIME
+import numpy as np
 from flax import nnx
 
 from scorelib.nets import LocalMLP
@@ -47,6 +53,7 @@ from scorelib.scores import Labels, NetworkScore, ScoreSource
 from scorelib.scores.guidance import ClassifierFreeGuidance, ClassifierGuidance
 
 K = 10
+CFG_ROW = "CFG w=2, one batched call"
 SHAPE = (8, 8, 1)
 #: configs/model/local_digits.yaml
 NET = dict(
@@ -90,8 +97,6 @@ def main():
     ap.add_argument("--steps", type=int, default=18)
     ap.add_argument("--cpu-time", action="store_true", help="time by process CPU time")
     args = ap.parse_args()
-    samplers.CPU_TIME = args.cpu_time
-    timeit = samplers.timeit
     process = EDM()
     model = LocalMLP(SHAPE, **NET, num_classes=K, rngs=nnx.Rngs(0))
     _randomise_outputs(model)
@@ -107,9 +112,7 @@ def main():
     inside = sum(interval[0] < s <= interval[1] for s in evals) / len(evals)
     sources = {
         "conditional, unguided (reference)": net.conditioned(labels),
-        "CFG w=2, one batched call": ClassifierFreeGuidance.create(net, scale=2.0).conditioned(
-            labels
-        ),
+        CFG_ROW: ClassifierFreeGuidance.create(net, scale=2.0).conditioned(labels),
         "CFG w=2, separate guide call": ClassifierFreeGuidance.create(
             net, scale=2.0, guide=NullLabel(process=process, inner=net)
         ).conditioned(labels),
@@ -133,22 +136,30 @@ def main():
     )
     rows = []
     key = jax.random.key(0)
+    clock = time.process_time if args.cpu_time else time.perf_counter
     for batch in args.batches:
         shape = (batch, *SHAPE)
-        ref = None
-        r_cfg = None
-        for label, src in sources.items():
-            nfe = heun(src, key, shape, grid=grid)[1]["nfe"]
-            t = timeit(lambda s=src, sh=shape: heun(s, key, sh, grid=grid)[0], args.repeats) / nfe
-            ref = t if ref is None else ref
+        runs, nfes = {}, {}
+        for label, src in sources.items():  # compile and warm up every row first
+            runs[label] = functools.partial(heun, src, key, shape, grid=grid)
+            nfes[label] = jax.block_until_ready(runs[label]())[1]["nfe"]
+        # interleaved rounds, each timing every row once: a slow spell of a shared machine
+        # hits every row alike; each row's minimum over the rounds
+        best = dict.fromkeys(sources, np.inf)
+        for _ in range(args.repeats):
+            for label, fn in runs.items():
+                t0 = clock()
+                jax.block_until_ready(fn()[0])
+                best[label] = min(best[label], (clock() - t0) / nfes[label])
+        ref = best[next(iter(sources))]
+        r_cfg = best[CFG_ROW] / ref
+        for label, t in best.items():
             ratio = t / ref
-            if label.startswith("CFG w=2, one"):
-                r_cfg = ratio
-            pred = 1 + inside * (r_cfg - 1) if "grid[" in label and r_cfg else None
-            rows.append((batch, label, nfe, t * 1e3, ratio, pred))
+            pred = 1 + inside * (r_cfg - 1) if "grid[" in label else None
+            rows.append((batch, label, nfes[label], t * 1e3, ratio, pred))
             extra = f"  predicted {pred:.3f}" if pred else ""
             print(
-                f"batch {batch}: {label:<60} NFE {nfe:3d} {t * 1e3:8.3f} ms/NFE "
+                f"batch {batch}: {label:<60} NFE {nfes[label]:3d} {t * 1e3:8.3f} ms/NFE "
                 f"ratio {ratio:.3f}{extra}",
                 flush=True,
             )

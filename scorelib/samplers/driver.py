@@ -348,6 +348,16 @@ CPU_CHUNK: int | None = int(os.environ.get("SCORELIB_CPU_CHUNK", "1024")) or Non
 examples (``None``: never), so that the network's activations stay in the core's cache; the
 samples are the same (BENCHMARKS.md, "scorelib vs k-diffusion")."""
 
+
+def cpu_chunk(source) -> int | None:
+    """The CPU block size for ``source``: :data:`CPU_CHUNK` divided by its
+    ``batch_multiple()`` (classifier-free guidance's batched call doubles the network's
+    batch), at least 1; ``None`` when blocks are off. BENCHMARKS.md, "Guided sampling"."""
+    if CPU_CHUNK is None:
+        return None
+    return max(1, CPU_CHUNK // source.batch_multiple())
+
+
 CPU_COMPILER_OPTIONS: Mapping[str, Any] = {"xla_cpu_experimental_ynn_fusion_type": ""}
 """XLA:CPU options of the compiled sampler: matmuls through Eigen instead of YNNPACK (the
 same results, faster at these shapes; BENCHMARKS.md). Left out when ``XLA_FLAGS`` sets the
@@ -471,7 +481,7 @@ class Sampler:
                 shape=shape,
                 final_zero=final_zero,
                 unroll=unroll,
-                chunk=CPU_CHUNK if backend == "cpu" else None,
+                chunk=cpu_chunk(source) if backend == "cpu" else None,
             )
             try:
                 x = _compiled_run(backend)(*args, **static)

@@ -165,6 +165,20 @@ class ScoreSource(struct.PyTreeNode):
             )
         return score_from_denoiser(self.process, x, t, self.denoiser(x, t))
 
+    def batch_multiple(self) -> int:
+        """How many examples the wrapped network sees per example of a query (static; at
+        least 1): the sampler driver's CPU blocks are this many times smaller, so the
+        network's batch, not the sampler's, is what stays in cache
+        (``scorelib.samplers.driver.CPU_CHUNK``; the samples do not change, each example
+        being independent of its block).
+
+        Default: the largest of the sources this one holds as fields, 1 when none; a
+        source that stacks its queries into one call (classifier-free guidance's
+        conditional and unconditional halves) multiplies it.
+        """
+        inner = [v.batch_multiple() for v in vars(self).values() if isinstance(v, ScoreSource)]
+        return max(inner, default=1)
+
     def for_examples(self, key, batch: int, first_index: Array = 0) -> ScoreSource:
         """A copy whose own random draws belong to examples ``first_index .. first_index +
         batch - 1`` of ``key`` (:func:`scorelib.keys.example_keys`).

@@ -522,9 +522,7 @@ class EmpiricalScore(ScoreSource):
         s = jnp.broadcast_to(jnp.reshape(self.process.ve_sigma(t), (-1,)), m.shape)
         a = jnp.broadcast_to(jnp.reshape(self.process.alpha(t), (-1,)), m.shape)
         n = jnp.sum(self.valid).astype(m.dtype)
-        return (
-            m + jnp.log(l) - jnp.log(n) - 0.5 * d * jnp.log(2 * jnp.pi * s**2) - d * jnp.log(a)
-        )
+        return m + jnp.log(l) - jnp.log(n) - 0.5 * d * jnp.log(2 * jnp.pi * s**2) - d * jnp.log(a)
 
     def denoiser(self, x, t):
         """``sum_i softmax_i(-||x/alpha - x_i||^2 / (2 ve_sigma^2)) x_i``; shape of ``x``.

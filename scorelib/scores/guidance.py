@@ -225,6 +225,11 @@ class ClassifierFreeGuidance(ConditionalScore):
     def inner_sources(self) -> tuple[str, ...]:
         return ("model", "guide")
 
+    def batch_multiple(self) -> int:
+        """Twice the model's without a separate guide (both halves in one call)."""
+        own = self.model.batch_multiple()
+        return 2 * own if self.guide is None else max(own, self.guide.batch_multiple())
+
     def _pair(self, x, t, labels):
         """``(D(x, t | c), D_guide(x, t))``."""
         if self.guide is None:

@@ -3,15 +3,23 @@ key and its global index only, never on its batch or block (issue 36, item 0).""
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import numpy as np
 import pytest
 
 from scorelib.processes import EDM
 from scorelib.samplers import driver, edm_grid, get_sampler
-from scorelib.scores import EmpiricalScore, SmoothedScore
+from scorelib.scores import EmpiricalScore, ScoreSource, SmoothedScore
 
 TRAIN = np.random.default_rng(0).normal(size=(12, 2))
+
+
+class Wrapper(ScoreSource):
+    """A source holding another as a field."""
+
+    inner: Any = None
 
 
 def smoothed():
@@ -46,3 +54,34 @@ def test_a_batch_above_the_default_block_size():
     big, _ = sampler(src, key, (1100, 2), grid=grid)
     tail, _ = sampler(src, key, (4, 2), grid=grid, first_index=1096)
     np.testing.assert_allclose(np.asarray(big)[-4:], np.asarray(tail), rtol=1e-5, atol=1e-6)
+
+
+def test_classifier_free_guidance_halves_the_blocks(monkeypatch):
+    """CFG's batched call puts 2 x block examples through the network, so its blocks are
+    half as large (``cpu_chunk``); a source holding it passes the multiple on, a separate
+    guide (two calls) keeps the blocks. Its samples in blocks equal those of one block."""
+    from scorelib.scores import GaussianScore, Labels, PerClassScore  # noqa: PLC0415
+    from scorelib.scores.guidance import ClassifierFreeGuidance  # noqa: PLC0415
+
+    means = np.array([[-1.0, 0.0], [1.0, 0.5]])
+    exact = PerClassScore.create(
+        [GaussianScore.from_covariance(EDM(), m, 0.2 * np.eye(2)) for m in means]
+    )
+    cfg = ClassifierFreeGuidance.create(exact, scale=2.0).conditioned(Labels.balanced(2))
+    separate = ClassifierFreeGuidance.create(
+        exact, scale=2.0, guide=GaussianScore.from_covariance(EDM(), np.zeros(2), np.eye(2))
+    )
+    assert exact.batch_multiple() == 1 and cfg.batch_multiple() == 2
+    assert separate.batch_multiple() == 1
+    assert Wrapper(process=EDM(), inner=cfg).batch_multiple() == 2
+    assert smoothed().batch_multiple() == 1
+    monkeypatch.setattr(driver, "CPU_CHUNK", 6)
+    assert driver.cpu_chunk(cfg) == 3 and driver.cpu_chunk(separate) == 6
+    monkeypatch.setattr(driver, "CPU_CHUNK", 1)
+    assert driver.cpu_chunk(cfg) == 1
+    sampler, key, grid = get_sampler("heun"), jax.random.key(1), edm_grid(3, 0.01, 5.0)
+    monkeypatch.setattr(driver, "CPU_CHUNK", 6)
+    blocks, _ = sampler(cfg, key, (7, 2), grid=grid)
+    monkeypatch.setattr(driver, "CPU_CHUNK", None)
+    whole, _ = sampler(cfg, key, (7, 2), grid=grid)
+    np.testing.assert_allclose(np.asarray(blocks), np.asarray(whole), rtol=1e-5, atol=1e-6)
