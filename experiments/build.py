@@ -458,12 +458,12 @@ class Sampling:
 def build_guidance(gc) -> dict | None:
     """The ``sampler.guidance`` fields of its ``kind`` (``None`` for ``kind=none``), checked
     without the model: ``{"kind", "scale", "interval", "filter", "classifier"}`` with
-    ``scale`` 1 and ``filter`` ``none`` unless given.
+    ``filter`` ``none`` unless given; ``scale`` is required.
 
     Raises:
       ValueError: naming ``sampler.guidance.<field>``: an unknown kind or filter, a field the
-        kind does not use, a non-finite scale, a bad interval, ``kind=classifier`` without a
-        classifier run.
+        kind does not use, a missing or non-finite scale, a bad interval, ``kind=classifier``
+        without a classifier run.
     """
     if gc is None:
         return None
@@ -479,7 +479,17 @@ def build_guidance(gc) -> dict | None:
             )
     if kind == "none":
         return None
-    out = {"kind": kind, "scale": check_real(given.get("scale", 1.0), "sampler.guidance.scale")}
+    if kind == "classifier" and not given.get("classifier"):
+        raise ValueError(
+            "sampler.guidance.classifier must name an experiments.train_classifier run "
+            "directory for sampler.guidance.kind=classifier; got null"
+        )
+    if "scale" not in given:  # a guidance of scale 1 would silently be no guidance
+        raise ValueError(
+            f"sampler.guidance.scale must be given with sampler.guidance.kind={kind} (a real "
+            f"number: {GUIDANCE_SCALES[kind]}); got null"
+        )
+    out = {"kind": kind, "scale": check_real(given["scale"], "sampler.guidance.scale")}
     if "interval" in given:
         out["interval"] = list(check_interval(given["interval"]))
     if kind == "cfg":
@@ -487,16 +497,16 @@ def build_guidance(gc) -> dict | None:
             given.get("filter", "none"), "sampler.guidance.filter", FILTERS
         )
     if kind == "classifier":
-        if not given.get("classifier"):
-            raise ValueError(
-                "sampler.guidance.classifier must name an experiments.train_classifier run "
-                "directory for sampler.guidance.kind=classifier; got null"
-            )
         out["classifier"] = str(given["classifier"])
     return out
 
 
 GUIDANCE_KINDS = ("none", "cfg", "classifier")
+#: What ``sampler.guidance.scale`` means for each kind (the error of a missing scale).
+GUIDANCE_SCALES = {
+    "cfg": "the lerp weight w, 1 the conditional model, 0 the unconditional, > 1 guides",
+    "classifier": "s, 1 Bayes' conditional score, 0 unguided, > 1 guides",
+}
 
 
 def build_sampler(cfg: DictConfig, process) -> Sampling:

@@ -351,11 +351,13 @@ class TrainedRun(Run):
         name = cls.samples_name(cls.sampling_of(cfg), cmd.use_ema)
         path = samples_dir(run_dir, name, step) / "samples.npz"
         if not path.is_file():
-            selectors = " ".join(k for k in override_keys(overrides) if selects_samples(k))
+            keys = override_keys(overrides)
+            given = [o for o, k in zip(overrides, keys, strict=True) if selects_samples(k)]
+            # the command first: a long line is shortened in its middle (common.shorten)
             raise FileNotFoundError(
-                f"{path}: no samples there; draw them with python -m experiments.sample "
-                f"run_dir={run_dir} and the same sampler/step/use_ema arguments"
-                f"{' ' if selectors else ''}{selectors}, or give samples=<path>"
+                f"no samples for these arguments; draw them with python -m experiments.sample "
+                f"run_dir={run_dir}{''.join(' ' + o for o in given)}, or give samples=<path> "
+                f"(looked for {path})"
             )
         return path
 

@@ -61,6 +61,12 @@ def conditioned_source(sampling: Sampling, source, *, null_trained: bool):
             raise _null_untrained(f"sampler.labels is {sampling.labels or 'null'}")
         rule = build_labels(sampling.labels, k)
         return source if rule is None else source.conditioned(rule)
+    if g["kind"] == "cfg" and k == 0:  # first: no labels would help
+        raise ValueError(
+            "sampler.guidance.kind=cfg: the run's model is unconditional "
+            "(model.num_classes = 0); classifier-free guidance needs a class-conditional "
+            "model trained with label dropout (or use sampler.guidance.kind=classifier)"
+        )
     if unlabelled:
         raise ValueError(
             f"sampler.labels: guidance (sampler.guidance.kind={g['kind']}) needs the classes "
@@ -68,12 +74,6 @@ def conditioned_source(sampling: Sampling, source, *, null_trained: bool):
         )
     interval = g.get("interval")
     if g["kind"] == "cfg":
-        if k == 0:
-            raise ValueError(
-                "sampler.guidance.kind=cfg: the run's model is unconditional "
-                "(model.num_classes = 0); classifier-free guidance needs a class-conditional "
-                "model trained with label dropout (or use sampler.guidance.kind=classifier)"
-            )
         if not null_trained:
             raise _null_untrained("sampler.guidance.kind=cfg")
         guided = ClassifierFreeGuidance.create(
@@ -109,7 +109,10 @@ def load_guidance_classifier(run_dir: str):
             f"sampler.guidance.classifier={run_dir}: not an experiments.train_classifier run "
             f"(no {Path(run_dir) / 'config.yaml'})"
         )
-    return load_classifier(run_dir)
+    try:
+        return load_classifier(run_dir)
+    except ValueError as e:  # the run's own check names run_dir: name the field given
+        raise ValueError(f"sampler.guidance.classifier={run_dir}: {e}") from None
 
 
 def sample_labels(source, key, num_samples: int) -> np.ndarray | None:

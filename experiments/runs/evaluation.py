@@ -131,7 +131,10 @@ def evaluate_images(
     classifier (``data=npz``) get every metric that needs none: the pixel two-sample test
     and precision/recall, sliced W2, memorisation. Conditional samples (``labels``) get,
     beside these pooled metrics, the classifier's accuracy against their labels and the
-    two-sample tests per class (:func:`conditional_rows`).
+    two-sample tests per class (:func:`conditional_rows`). When the labels hold some of the
+    data's classes only (``sampler.labels=7``), every metric but bits/dim compares with the
+    train and test images of those classes (``pooled_classes`` in the result), so a good
+    sampler of sevens is not scored against all the digits.
 
     Samples are first clipped and quantised to the data's own grey levels
     (:func:`scorelib.data.images.quantise` with ``dataset.levels``), as saving them would;
@@ -180,7 +183,7 @@ def evaluate_images(
       ``bpd_options``; ``sliced_w2_<row>``; and the memorisation statistics of the samples
       and of the test split. Without a classifier the ``fd*`` and ``*_features`` keys are
       left out. With ``labels``: ``conditional`` (True) and the keys of
-      :func:`conditional_rows`.
+      :func:`conditional_rows`; ``pooled_classes`` (a list) when they hold some classes only.
 
     Raises:
       ValueError: for non-finite samples, fewer than ``MIN_TWO_SAMPLE`` samples, or labels
@@ -194,9 +197,15 @@ def evaluate_images(
             f"the two-sample test and precision/recall need at least {MIN_TWO_SAMPLE} samples "
             f"(5 folds, 3 neighbours); got {samples.shape[0]}: draw more (sampler.num_samples)"
         )
+    full, pooled_classes = dataset, None
     if labels is not None:
         labels = check_sample_labels(labels, samples.shape[0], dataset, "labels")
         check_class_sizes(labels)
+        present = np.unique(labels)
+        if not np.array_equal(present, np.unique(dataset.test_labels)):
+            # samples of some classes only (sevens): every pooled row and floor against the
+            # images of those classes, not of all (bits/dim stays on the whole test split)
+            dataset, pooled_classes = dataset.of_classes(present), present.tolist()
     samples = quantise(samples, dataset.levels)
     n = samples.shape[0]
     has_classifier = data_name in CLASSIFIERS
@@ -210,6 +219,8 @@ def evaluate_images(
             "levels": int(dataset.levels),
             "classifier": has_classifier,
         }
+        if pooled_classes is not None:
+            out["pooled_classes"] = pooled_classes
         feats = None
         if has_classifier:
             stage("classifier")
@@ -242,7 +253,7 @@ def evaluate_images(
             )
         if source is not None:
             stage("bits/dim")
-            out.update(_likelihoods(source, dataset, seed=seed))
+            out.update(_likelihoods(source, full, seed=seed))
         stage("memorisation")
         mem = memorisation_stats(samples, dataset.train, reference=dataset.test)
     out.update({f"mem_{k}": v for k, v in mem.items()})
@@ -658,6 +669,13 @@ def format_image_table(r: dict, name: str) -> str:
             f"mean +- s.e.) | {r['bpd']:.2f} +- {r['bpd_se']:.2f} |",
             f"| Gaussian fit to the dequantised training images | {r['bpd_gaussian']:.2f} |",
             f"| uniform over the {r['levels']} levels | {r['bpd_uniform']:.2f} |",
+        ]
+    if r.get("pooled_classes"):
+        lines = [
+            f"The samples are of classes {r['pooled_classes']} only: every table but bits/dim "
+            "compares them with the training and test images of those classes.",
+            "",
+            *lines,
         ]
     if r.get("conditional"):
         lines = _conditional_lines(r, name) + lines

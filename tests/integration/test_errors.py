@@ -147,7 +147,11 @@ BAD_COMMANDS = [
     ),
     (S, ["run_dir={run}", "step=7"], "step=7: no such checkpoint"),
     (E, ["run_dir={run}", "samples={npz}"], "must hold an array named 'samples'"),
-    (E, ["run_dir={run}", "sampler.seed=9"], "no samples there; draw them with"),
+    (
+        E,
+        ["run_dir={run}", "sampler.seed=9"],
+        "no samples for these arguments; draw them with python -m experiments.sample run_dir=",
+    ),
     (E, ["run_dir={run}", "samples={npz}", "sampler.seed=1"], "give one or the other"),
     # refused before anything is written (issue 21, item 2): the run directory, and the
     # parents a missing run_dir would have made

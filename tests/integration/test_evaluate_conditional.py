@@ -99,3 +99,25 @@ def test_evaluate_command_reports_the_conditional_rows(digits_run, tmp_path):
     assert "| classifier accuracy vs labels | C2ST pixels | C2ST features |" in table
     assert "(test images)" in table and "Worst classes: accuracy" in table
     assert "| C2ST pixels |" in table and "FD_digits" in table  # the pooled rows as before
+
+
+def test_samples_of_one_class_are_pooled_against_that_class():
+    """Training sevens labelled 7: every pooled row compares them with the sevens (C2ST at
+    chance, FD near its floor), not with all the digits, which they would fail; bits/dim is
+    not asked here. ``ImageDataset.of_classes`` keeps exactly the class's images."""
+    from experiments.runs.evaluation import evaluate_images
+
+    d = load_digits()
+    sevens = d.of_classes([7])
+    assert np.all(sevens.train_labels == 7) and np.all(sevens.test_labels == 7)
+    assert sevens.test.shape[0] == np.sum(d.test_labels == 7) > 20
+    with pytest.raises(ValueError, match="classes must be classes of the test split"):
+        d.of_classes([7, 11])
+    x = sevens.train[:100]
+    r = evaluate_images(x, d, "digits", labels=np.full(100, 7), floor_draws=2, two_sample_draws=1)
+    assert r["pooled_classes"] == [7] and r["two_sample_n"] == sevens.test.shape[0]
+    assert r["c2st_pixels_samples"] < 0.7 and r["fd"] < 3 * r["fd_floor"] + 1.0
+    # the same sevens against all the test digits: told apart (what the rows showed before)
+    from scorelib.metrics import c2st
+
+    assert c2st(x.reshape(100, -1), d.test[:100].reshape(100, -1), seed=0)["accuracy"] > 0.8
