@@ -497,6 +497,21 @@ def train_classifier_run(overrides, seed: int, out: Path, log, score_run=None):
     return dict(acc, train_s=wall)
 
 
+def _relative_path(path, run_dir: Path) -> str:
+    """``path`` relative to the table's run directory when inside it (committed results hold
+    no machine paths), else as given."""
+    path = Path(path)
+    try:
+        return str(path.resolve().relative_to(Path(run_dir).resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _relative(g: dict, run_dir: Path) -> dict:
+    """The classifier run of guidance fields ``g`` as :func:`_relative_path` records it."""
+    return {"classifier": _relative_path(g["classifier"], run_dir)} if "classifier" in g else {}
+
+
 def digits_seed(tc: DictConfig, i: int, seed: int, run_dir: Path, log):
     """One seed of the digits part: ``(records, classifier records, figure samples, model
     run directory)``."""
@@ -553,11 +568,11 @@ def digits_seed(tc: DictConfig, i: int, seed: int, run_dir: Path, log):
             "seed": seed,
             "method": method,
             "scale": scale,
-            "guidance": g,
+            "guidance": None if g is None else {**g, **_relative(g, run_dir)},
             "nfe": int(info["nfe"]),
             "sample_s": sample_s,
             "num_nonfinite": int(info["num_nonfinite"]),
-            "model": str(model_dir),
+            "model": _relative_path(model_dir, run_dir),
             "model_train_s": model_s,
         }
         if rec["num_nonfinite"]:  # a guidance that diverged: reported, not evaluated

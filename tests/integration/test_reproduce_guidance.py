@@ -59,6 +59,9 @@ def test_guidance_smoke(tmp_path):
     for r in digits.values():
         assert r["num_nonfinite"] == 0 and r["n"] == 100
         assert 0 <= r["accuracy_samples"] <= 1 and 0 <= r["c2st_pixels_samples"] <= 1
+    # committed results hold no machine paths: the runs relative to the table's directory
+    assert digits[("TCFG", 3.0)]["model"] == "runs/cond_seed0"
+    assert str(tmp_path) not in (run_dir / "results.json").read_text()
     assert [c["classifier"] for c in res["digits_classifiers"]] == ["dlsm"]
     assert "floor" in (run_dir / "guidance_digits.md").read_text()
 
