@@ -1,0 +1,516 @@
+"""Linear measurement operators for inverse problems: ``y = A x0 + sigma_y n``.
+
+Every operator is a frozen pytree dataclass (arrays as leaves, shapes static) acting on a
+batch of examples ``x: [batch, *data_shape]`` in data units (images ``[batch, H, W, C]``
+in ``[-1, 1]``; flat data ``[batch, d]`` where the operator makes sense) and giving
+flattened measurements ``[batch, m]``:
+
+- ``A(x) -> [batch, m]``, ``At(y) -> [batch, *data_shape]`` (the true adjoint
+  ``<A x, y> = <x, At y>``, not an interpolation);
+- ``svd()`` -> :class:`SVD` (``A = U diag(s) V^T`` with ``s: [r]`` positive and ``U: m x r``,
+  ``V: d x r`` with orthonormal columns, all applied per batch) or ``None`` when no cheap
+  SVD exists;
+- ``pinv(y, rcond)`` -> the Moore-Penrose pseudo-inverse ``A^+ y``, ``[batch, *data_shape]``.
+
+Operators: :class:`Identity` (denoising), :class:`Inpainting` (a keep-mask),
+:class:`Downsample` (box average), :class:`GaussianBlur` (zero boundary, no SVD),
+:class:`RandomProjection` (compressed sensing), :class:`Colourisation` (grey = channel mean).
+:class:`Measurement` pairs an operator with the noise level ``sigma_y`` (data units of x0:
+double a figure quoted for ``[0, 1]`` images to use it on ``[-1, 1]``).
+
+Constructors (``create``, ``from_mask``, ``box``, ``random``) validate on the host, before
+anything is traced, and raise ``ValueError`` naming the config field (``task.mask``,
+``task.factor``, ``task.std``, ``task.size``, ``task.m``, ``task.keep``, ``task.box``,
+``data_shape``, ``sigma_y``) and its allowed range. The SVD-based operators are those DDRM
+needs (Kawar et al., NeurIPS 2022, Sec. 4 and App. B; bahjat-kawar/ddrm
+functions/svd_replacement.py); the pseudo-inverse zeroes singular values below ``rcond``
+times the largest, never dividing by an unguarded value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from scorelib._checks import check_array, check_int, check_real, require
+
+Array = Any
+
+
+def _shape(data_shape: Any, field: str = "data_shape") -> tuple[int, ...]:
+    """``data_shape`` as a tuple of positive ints (one example's shape, no batch axis)."""
+    try:
+        shape = tuple(int(s) for s in data_shape)
+        ok = len(shape) >= 1 and all(s >= 1 for s in shape)
+        ok = ok and all(float(a) == b for a, b in zip(data_shape, shape, strict=True))
+    except (TypeError, ValueError):
+        shape, ok = None, False
+    require(ok, field, "a non-empty tuple of positive integers", data_shape)
+    return shape
+
+
+def _image_shape(data_shape: Any, what: str) -> tuple[int, int, int]:
+    """``data_shape`` as ``(H, W, C)`` for an operator on images."""
+    shape = _shape(data_shape)
+    require(len(shape) == 3, "data_shape", f"(H, W, C) for {what}", data_shape)
+    return shape
+
+
+class SVD(struct.PyTreeNode):
+    """``A = U diag(s) V^T``, applied per batch.
+
+    Fields:
+      s: ``[r]`` positive singular values.
+      U: ``[batch, r] -> [batch, m]`` (orthonormal columns).
+      Ut: ``[batch, m] -> [batch, r]``.
+      V: ``[batch, r] -> [batch, *data_shape]`` (orthonormal columns).
+      Vt: ``[batch, *data_shape] -> [batch, r]``.
+    """
+
+    s: Array = None
+    U: Callable = struct.field(pytree_node=False, default=None)
+    Ut: Callable = struct.field(pytree_node=False, default=None)
+    V: Callable = struct.field(pytree_node=False, default=None)
+    Vt: Callable = struct.field(pytree_node=False, default=None)
+
+
+class LinearOperator(struct.PyTreeNode):
+    """A linear map from ``[*data_shape]`` (``d`` entries) to ``[m]``; see the module doc.
+
+    Subclasses implement ``_A`` and ``_At`` on checked, batched inputs and may override
+    :meth:`svd`.
+    """
+
+    data_shape: tuple = struct.field(pytree_node=False, default=())
+
+    @property
+    def d(self) -> int:
+        """The number of entries of one example."""
+        return math.prod(self.data_shape)
+
+    @property
+    def m(self) -> int:
+        """The measurement dimension."""
+        raise NotImplementedError
+
+    def A(self, x: Array) -> Array:
+        """``A x``: ``[batch, *data_shape] -> [batch, m]``.
+
+        Raises:
+          ValueError: naming ``x`` for a wrong shape or a non-real dtype.
+        """
+        check_array(x, "x", ("batch", *self.data_shape))
+        return self._A(x)
+
+    def At(self, y: Array) -> Array:
+        """The adjoint ``A^T y``: ``[batch, m] -> [batch, *data_shape]``.
+
+        Raises:
+          ValueError: naming ``y`` for a wrong shape or a non-real dtype.
+        """
+        check_array(y, "y", ("batch", self.m))
+        return self._At(y)
+
+    def svd(self) -> SVD | None:
+        """The singular value decomposition, or ``None`` when no cheap one exists."""
+        return None
+
+    def pinv(self, y: Array, rcond: float = 1e-6, maxiter: int = 500) -> Array:
+        """The Moore-Penrose pseudo-inverse ``A^+ y``: ``[batch, m] -> [batch, *data_shape]``.
+
+        With an SVD: ``V diag(1/s) U^T y`` over the singular values ``s > rcond * max(s)``
+        (the others zeroed). Without: conjugate gradients on the normal equations
+        ``A^T A x = A^T y`` from ``x = 0`` (the iterates stay in the range of ``A^T``, so the
+        limit is the minimum-norm least-squares solution, i.e. ``A^+ y``), stopped at a
+        relative residual ``rcond`` or after ``maxiter`` iterations (``maxiter`` is unused
+        with an SVD). Ill-conditioned operators (wide blurs) converge slowly.
+
+        Raises:
+          ValueError: naming ``y``, ``rcond`` (a number in [0, 1)) or ``maxiter``.
+        """
+        rcond = check_real(rcond, "rcond", low=0.0, high=1.0, high_open=True)
+        maxiter = check_int(maxiter, "maxiter", low=1)
+        check_array(y, "y", ("batch", self.m))
+        svd = self.svd()
+        if svd is not None:
+            s = svd.s
+            keep = s > rcond * jnp.max(s)
+            inv = jnp.where(keep, 1.0 / jnp.where(keep, s, 1.0), 0.0)
+            return svd.V(inv * svd.Ut(y))
+        rhs = self._At(y)
+        batch = rhs.shape[0]
+
+        def normal(v):
+            return self._At(self._A(v.reshape(batch, *self.data_shape))).reshape(v.shape)
+
+        x, _ = jax.scipy.sparse.linalg.cg(
+            normal, rhs.reshape(-1), tol=rcond, atol=0.0, maxiter=maxiter
+        )
+        return x.reshape(rhs.shape)
+
+    def _A(self, x: Array) -> Array:
+        raise NotImplementedError
+
+    def _At(self, y: Array) -> Array:
+        raise NotImplementedError
+
+
+def _equal_rows_svd(op: LinearOperator, c: float) -> SVD:
+    """The SVD of an operator whose rows are orthogonal, each of norm ``1 / c``: ``U = I``,
+    every singular value ``1 / c``, ``V^T = c A``."""
+    return SVD(
+        s=jnp.full(op.m, 1.0 / c),
+        U=lambda z: z,
+        Ut=lambda y: y,
+        V=lambda z: c * op._At(z),
+        Vt=lambda x: c * op._A(x),
+    )
+
+
+def _flat(x: Array) -> Array:
+    return x.reshape(x.shape[0], -1)
+
+
+class Identity(LinearOperator):
+    """``A = I`` (denoising): ``m = d``, all singular values 1."""
+
+    @classmethod
+    def create(cls, data_shape) -> Identity:
+        """Raises: ValueError naming ``data_shape``."""
+        return cls(data_shape=_shape(data_shape))
+
+    @property
+    def m(self) -> int:
+        return self.d
+
+    def _A(self, x):
+        return _flat(x)
+
+    def _At(self, y):
+        return y.reshape(y.shape[0], *self.data_shape)
+
+    def svd(self) -> SVD:
+        return SVD(s=jnp.ones(self.d), U=lambda z: z, Ut=lambda y: y, V=self._At, Vt=self._A)
+
+
+class Inpainting(LinearOperator):
+    """Keep the coordinates where ``mask`` is true: ``A`` selects them (``m`` = number
+    kept), ``A^T`` puts ``y`` back with zeros elsewhere; ``A A^T = I``, so the SVD is
+    ``s = 1``, ``U = I``, ``V = A^T``. The measurement holds only kept entries (DPS's
+    multiply-by-mask keeps noisy zeros at missing pixels, which inflates residual norms).
+
+    Fields:
+      index: ``[m]`` int, the kept flat indices of one example (ascending).
+      data_shape: one example's shape (static).
+    """
+
+    index: Array = None
+
+    @classmethod
+    def from_mask(cls, mask) -> Inpainting:
+        """From a boolean keep-mask of one example's shape (``data_shape = mask.shape``).
+
+        Raises:
+          ValueError: naming ``task.mask`` for a non-boolean, scalar or empty (all-false) mask.
+        """
+        mask = np.asarray(mask)
+        require(mask.dtype == np.bool_, "task.mask", "a boolean keep-mask", mask.dtype)
+        require(mask.ndim >= 1, "task.mask", "a keep-mask of data_shape", mask.shape)
+        require(bool(mask.any()), "task.mask", "a keep-mask with at least one true entry", mask)
+        index = np.flatnonzero(mask.reshape(-1)).astype(np.int32)
+        return cls(data_shape=tuple(mask.shape), index=jnp.asarray(index))
+
+    @classmethod
+    def box(cls, data_shape, box) -> Inpainting:
+        """Images ``(H, W, C)`` with a centred ``box = (h, w)`` hole (all channels) missing.
+
+        The hole starts at row ``(H - h) // 2`` and column ``(W - w) // 2``.
+
+        Raises:
+          ValueError: naming ``data_shape``, or ``task.box`` for a hole that is not two
+            integers in ``[0, H] x [0, W]`` or that covers the whole image.
+        """
+        H, W, C = _image_shape(data_shape, "a box inpainting")
+        ok = isinstance(box, tuple | list) and len(box) == 2
+        ok = ok and all(isinstance(b, int | np.integer) and not isinstance(b, bool) for b in box)
+        ok = ok and 0 <= box[0] <= H and 0 <= box[1] <= W and (box[0], box[1]) != (H, W)
+        require(ok, "task.box", f"(h, w) with 0 <= h <= {H}, 0 <= w <= {W}, not both full", box)
+        h, w = int(box[0]), int(box[1])
+        mask = np.ones((H, W, C), bool)
+        r, c = (H - h) // 2, (W - w) // 2
+        mask[r : r + h, c : c + w, :] = False
+        return cls.from_mask(mask)
+
+    @classmethod
+    def random(cls, key, data_shape, keep: float) -> Inpainting:
+        """Keep ``round(keep * P)`` of the ``P`` pixels, drawn without replacement by ``key``.
+
+        A pixel is a spatial position with all its channels for images ``(H, W, C)`` and one
+        coordinate for flat data ``(d,)``.
+
+        Raises:
+          ValueError: naming ``data_shape``, or ``task.keep`` for a fraction outside
+            ``(0, 1]`` or one that keeps no pixel.
+        """
+        shape = _shape(data_shape)
+        keep = check_real(keep, "task.keep", low=0.0, high=1.0, low_open=True)
+        spatial = shape[:-1] if len(shape) == 3 else shape
+        P = math.prod(spatial)
+        k = round(keep * P)
+        require(k >= 1, "task.keep", f"a fraction keeping at least one of {P} pixels", keep)
+        chosen = np.asarray(jax.random.permutation(key, P))[:k]
+        pixels = np.zeros(P, bool)
+        pixels[chosen] = True
+        mask = pixels.reshape(spatial)
+        if len(shape) == 3:
+            mask = np.broadcast_to(mask[..., None], shape)
+        return cls.from_mask(mask)
+
+    @property
+    def m(self) -> int:
+        return int(self.index.shape[0])
+
+    @property
+    def mask(self) -> Array:
+        """The boolean keep-mask ``[*data_shape]``."""
+        return jnp.zeros(self.d, bool).at[self.index].set(True).reshape(self.data_shape)
+
+    def _A(self, x):
+        return _flat(x)[:, self.index]
+
+    def _At(self, y):
+        out = jnp.zeros((y.shape[0], self.d), y.dtype).at[:, self.index].set(y)
+        return out.reshape(y.shape[0], *self.data_shape)
+
+    def svd(self) -> SVD:
+        return SVD(s=jnp.ones(self.m), U=lambda z: z, Ut=lambda y: y, V=self._At, Vt=self._A)
+
+
+class Downsample(LinearOperator):
+    """Box average over ``factor x factor`` blocks, per channel, of images ``(H, W, C)``;
+    ``m = H W C / factor^2``.
+
+    Each row of ``A`` is ``1/f^2`` on one block, rows disjoint: ``A A^T = I / f^2``, so
+    ``s = 1/f`` (``r = m``), ``U = I``, ``V = f A^T``. ``A^T`` spreads ``y / f^2`` over the
+    block (the adjoint; nearest-neighbour upsampling is ``f^2 A^T``, not the adjoint).
+    """
+
+    factor: int = struct.field(pytree_node=False, default=1)
+
+    @classmethod
+    def create(cls, data_shape, factor: int) -> Downsample:
+        """Raises: ValueError naming ``data_shape``, or ``task.factor`` unless an integer
+        >= 1 dividing both H and W."""
+        H, W, C = _image_shape(data_shape, "downsampling")
+        f = check_int(factor, "task.factor", low=1)
+        require(H % f == 0 and W % f == 0, "task.factor", f"an integer dividing H={H} and W={W}", f)
+        return cls(data_shape=(H, W, C), factor=f)
+
+    @property
+    def m(self) -> int:
+        return self.d // self.factor**2
+
+    def _A(self, x):
+        H, W, C = self.data_shape
+        f = self.factor
+        return _flat(x.reshape(x.shape[0], H // f, f, W // f, f, C).mean(axis=(2, 4)))
+
+    def _At(self, y):
+        H, W, C = self.data_shape
+        f = self.factor
+        y = y.reshape(y.shape[0], H // f, 1, W // f, 1, C) / f**2
+        return jnp.broadcast_to(y, (y.shape[0], H // f, f, W // f, f, C)).reshape(
+            y.shape[0], H, W, C
+        )
+
+    def svd(self) -> SVD:
+        return _equal_rows_svd(self, float(self.factor))  # each row: f^2 pixels of 1 / f^2
+
+
+def gaussian_kernel(std: float, size: int) -> np.ndarray:
+    """The normalised ``[size, size]`` kernel ``exp(-(i^2 + j^2) / (2 std^2))``, offsets
+    ``i, j`` in ``-(size//2) .. size//2``, summing to 1 (float64 numpy)."""
+    r = np.arange(size, dtype=np.float64) - size // 2
+    g = np.exp(-(r[:, None] ** 2 + r[None, :] ** 2) / (2.0 * std**2))
+    return g / g.sum()
+
+
+class GaussianBlur(LinearOperator):
+    """Per-channel 2-D convolution of images ``(H, W, C)`` with a normalised Gaussian
+    kernel, zero boundary, output the size of the input (``m = d``): ``(A x)[i, j] =
+    sum_{a, b} k[a, b] x[i - a, j - b]`` with offsets centred (``scipy.ndimage.convolve``
+    with ``mode="constant"``). ``A^T`` is the correlation with the same kernel, i.e. the
+    convolution with the flipped kernel under the same zero boundary (the transpose of the
+    convolution matrix). No cheap SVD (the zero boundary breaks the Fourier diagonalisation):
+    :meth:`svd` is ``None`` and :meth:`pinv` runs conjugate gradients.
+
+    Fields:
+      kernel: ``[size, size]`` (sums to 1).
+      std: the kernel's standard deviation in pixels (static).
+      size: the kernel's odd width in pixels (static).
+    """
+
+    kernel: Array = None
+    std: float = struct.field(pytree_node=False, default=1.0)
+    size: int = struct.field(pytree_node=False, default=1)
+
+    @classmethod
+    def create(cls, data_shape, std: float, size: int | None = None) -> GaussianBlur:
+        """``size`` defaults to the odd ``2 ceil(3 std) + 1``.
+
+        Raises:
+          ValueError: naming ``data_shape``, ``task.std`` (a number > 0) or ``task.size``
+            (an odd integer in ``[1, min(H, W)]``; a kernel wider than the image is refused).
+        """
+        H, W, C = _image_shape(data_shape, "a Gaussian blur")
+        std = check_real(std, "task.std", low=0.0, low_open=True)
+        if size is None:
+            size = 2 * math.ceil(3.0 * std) + 1
+            require(size <= min(H, W), "task.size", f"an odd integer in [1, {min(H, W)}]", size)
+        size = check_int(size, "task.size", low=1, high=min(H, W))
+        require(size % 2 == 1, "task.size", f"an odd integer in [1, {min(H, W)}]", size)
+        kernel = jnp.asarray(gaussian_kernel(std, size))
+        return cls(data_shape=(H, W, C), kernel=kernel, std=std, size=size)
+
+    @property
+    def m(self) -> int:
+        return self.d
+
+    def _correlate(self, x, kernel):
+        """Per-channel 'same' correlation with zero padding: ``out[i, j] = sum k[a, b]
+        x[i + a - p, j + b - p]``."""
+        C = self.data_shape[2]
+        k = jnp.broadcast_to(kernel.astype(x.dtype)[:, :, None, None], (*kernel.shape, 1, C))
+        p = self.size // 2
+        return jax.lax.conv_general_dilated(
+            x,
+            k,
+            window_strides=(1, 1),
+            padding=((p, p), (p, p)),
+            dimension_numbers=("NHWC", "HWIO", "NHWC"),
+            feature_group_count=C,
+            precision=jax.lax.Precision.HIGHEST,
+        )
+
+    def _A(self, x):
+        return _flat(self._correlate(x, self.kernel[::-1, ::-1]))
+
+    def _At(self, y):
+        return self._correlate(y.reshape(y.shape[0], *self.data_shape), self.kernel)
+
+
+class RandomProjection(LinearOperator):
+    """Compressed sensing: a dense ``[m, d]`` matrix with i.i.d. ``N(0, 1/m)`` entries
+    (Candes & Tao 2006; ``E ||A x||^2 = ||x||^2``), ``1 <= m <= d``. The SVD is
+    ``jnp.linalg.svd`` of the matrix, computed once at construction.
+
+    Fields:
+      matrix: ``[m, d]``.
+      u: ``[m, r]``, s: ``[r]``, vt: ``[r, d]`` its thin SVD (``r = m``).
+    """
+
+    matrix: Array = None
+    u: Array = None
+    s: Array = None
+    vt: Array = None
+
+    @classmethod
+    def create(cls, key, data_shape, m: int) -> RandomProjection:
+        """Raises: ValueError naming ``data_shape``, or ``task.m`` unless an integer in
+        ``[1, d]``."""
+        shape = _shape(data_shape)
+        d = math.prod(shape)
+        m = check_int(m, "task.m", low=1, high=d)
+        matrix = jax.random.normal(key, (m, d)) / math.sqrt(m)
+        u, s, vt = jnp.linalg.svd(matrix, full_matrices=False)
+        return cls(data_shape=shape, matrix=matrix, u=u, s=s, vt=vt)
+
+    @property
+    def m(self) -> int:
+        return int(self.matrix.shape[0])
+
+    def _A(self, x):
+        return jnp.dot(_flat(x), self.matrix.T.astype(x.dtype), precision="highest")
+
+    def _At(self, y):
+        x = jnp.dot(y, self.matrix.astype(y.dtype), precision="highest")
+        return x.reshape(y.shape[0], *self.data_shape)
+
+    def svd(self) -> SVD:
+        hi = jax.lax.Precision.HIGHEST
+        return SVD(
+            s=self.s,
+            U=lambda z: jnp.dot(z, self.u.T, precision=hi),
+            Ut=lambda y: jnp.dot(y, self.u, precision=hi),
+            V=lambda z: jnp.dot(z, self.vt, precision=hi).reshape(z.shape[0], *self.data_shape),
+            Vt=lambda x: jnp.dot(_flat(x), self.vt.T, precision=hi),
+        )
+
+
+class Colourisation(LinearOperator):
+    """RGB to grey by the mean of the 3 channels (last axis): ``m = d / 3``.
+
+    Each row of ``A`` is ``1/3`` on one pixel's channels: ``A A^T = I / 3``, so
+    ``s = 1/sqrt(3)``, ``U = I``, ``V = sqrt(3) A^T``. (A luminance weighting would be a
+    different operator; the mean keeps the SVD closed-form as in DDRM.)
+    """
+
+    @classmethod
+    def create(cls, data_shape) -> Colourisation:
+        """Raises: ValueError naming ``data_shape`` unless its last axis has 3 channels."""
+        shape = _shape(data_shape)
+        require(shape[-1] == 3, "data_shape", "a shape with 3 channels last (RGB)", data_shape)
+        return cls(data_shape=shape)
+
+    @property
+    def m(self) -> int:
+        return self.d // 3
+
+    def _A(self, x):
+        return _flat(x.mean(axis=-1))
+
+    def _At(self, y):
+        y = y.reshape(y.shape[0], *self.data_shape[:-1], 1) / 3.0
+        return jnp.broadcast_to(y, (y.shape[0], *self.data_shape))
+
+    def svd(self) -> SVD:
+        return _equal_rows_svd(self, math.sqrt(3.0))  # each row: 3 channels of 1 / 3
+
+
+class Measurement(struct.PyTreeNode):
+    """A noisy linear measurement ``y = A x0 + sigma_y n``, ``n ~ N(0, I)``.
+
+    Fields:
+      operator: the :class:`LinearOperator` ``A``.
+      sigma_y: the noise standard deviation, a scalar in data units of x0 (images in
+        ``[-1, 1]``: twice a figure quoted for ``[0, 1]``); a leaf, so sweeps compile once.
+    """
+
+    operator: LinearOperator = None
+    sigma_y: Array = 0.0
+
+    @classmethod
+    def create(cls, operator: LinearOperator, sigma_y: float) -> Measurement:
+        """Raises: ValueError naming ``operator`` (not a LinearOperator) or ``sigma_y``
+        (a number >= 0)."""
+        require(
+            isinstance(operator, LinearOperator), "operator", "a LinearOperator", type(operator)
+        )
+        sigma_y = check_real(sigma_y, "sigma_y", low=0.0)
+        return cls(operator=operator, sigma_y=sigma_y)
+
+    def measure(self, x: Array, key) -> Array:
+        """``A x + sigma_y n`` for ``x: [batch, *data_shape]``; returns ``[batch, m]``.
+
+        Raises:
+          ValueError: naming ``x`` for a wrong shape or dtype.
+        """
+        Ax = self.operator.A(x)
+        n = jax.random.normal(key, Ax.shape, Ax.dtype)
+        return Ax + jnp.asarray(self.sigma_y, Ax.dtype) * n

@@ -1,0 +1,205 @@
+"""scorelib.operators against independent float64 computations: each operator's dense matrix
+is built by applying ``A`` to the basis vectors, then checked against numpy (adjoint,
+SVD, pseudo-inverse, Penrose identities), a numpy reshape-mean (downsampling) and
+``scipy.ndimage.convolve`` (blur)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.ndimage
+
+from scorelib import operators as ops
+
+IMG = (6, 6, 1)
+RGB = (4, 4, 3)
+
+
+def _build(name):
+    """The operator ``name`` (built inside x64, so its arrays are float64)."""
+    key = jax.random.key(3)
+    return {
+        "identity_flat": lambda: ops.Identity.create((7,)),
+        "inpaint_box": lambda: ops.Inpainting.box(IMG, (2, 4)),
+        "inpaint_random": lambda: ops.Inpainting.random(key, RGB, 0.4),
+        "downsample": lambda: ops.Downsample.create(IMG, 3),
+        "downsample_rgb": lambda: ops.Downsample.create(RGB, 2),
+        "blur": lambda: ops.GaussianBlur.create(IMG, 0.6, 3),
+        "blur_rgb": lambda: ops.GaussianBlur.create(RGB, 0.5, 3),
+        "projection": lambda: ops.RandomProjection.create(key, IMG, 20),
+        "projection_flat": lambda: ops.RandomProjection.create(key, (8,), 8),
+        "colour": lambda: ops.Colourisation.create(RGB),
+    }[name]()
+
+
+NAMES = [
+    "identity_flat",
+    "inpaint_box",
+    "inpaint_random",
+    "downsample",
+    "downsample_rgb",
+    "blur",
+    "blur_rgb",
+    "projection",
+    "projection_flat",
+    "colour",
+]
+
+
+def _dense(op):
+    """``[m, d]``: column j is ``A e_j`` (one batched call on the identity)."""
+    eye = jnp.eye(op.d, dtype=jnp.float64).reshape(op.d, *op.data_shape)
+    return np.asarray(op.A(eye)).T
+
+
+def _dense_t(op):
+    """``[d, m]``: column i is ``A^T e_i``."""
+    eye = jnp.eye(op.m, dtype=jnp.float64)
+    return np.asarray(op.At(eye)).reshape(op.m, op.d).T
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_linear_algebra(name):
+    with jax.enable_x64(True):
+        op = _build(name)
+        rng = np.random.default_rng(0)
+        M = _dense(op)
+        assert M.shape == (op.m, op.d)
+        # adjointness with random probes, relative to ||A x|| ||v||
+        x = rng.standard_normal((5, op.d))
+        v = rng.standard_normal((5, op.m))
+        Ax = np.asarray(op.A(jnp.asarray(x.reshape(5, *op.data_shape))))
+        Atv = np.asarray(op.At(jnp.asarray(v))).reshape(5, op.d)
+        np.testing.assert_allclose(Ax, x @ M.T, rtol=0, atol=1e-12)
+        gap = np.abs(np.sum(Ax * v, 1) - np.sum(x * Atv, 1))
+        assert np.all(gap <= 1e-10 * np.linalg.norm(Ax, axis=1) * np.linalg.norm(v, axis=1))
+        # At is the dense transpose
+        np.testing.assert_allclose(_dense_t(op), M.T, rtol=0, atol=1e-13)
+
+        # pinv against numpy, and the Penrose identities on the dense pseudo-inverse
+        # (pinv applied to the basis of y-space: equal to np.linalg.pinv(M) @ y for every y)
+        P_np = np.linalg.pinv(M)
+        eye_m = jnp.eye(op.m, dtype=jnp.float64)
+        P = np.asarray(op.pinv(eye_m, rcond=1e-12)).reshape(op.m, op.d).T  # [d, m]
+        np.testing.assert_allclose(P, P_np, rtol=0, atol=1e-8 * np.abs(P_np).max())
+        scale = np.abs(M).max()
+        np.testing.assert_allclose(M @ P @ M, M, rtol=0, atol=1e-8 * scale)
+        np.testing.assert_allclose(P @ M @ P, P, rtol=0, atol=1e-8 * np.abs(P).max())
+
+        svd = op.svd()
+        if name.startswith("blur"):
+            assert svd is None
+            return
+        s = np.asarray(svd.s)
+        r = s.shape[0]
+        eye_r = jnp.eye(r, dtype=jnp.float64)
+        U = np.asarray(svd.U(eye_r)).T  # [m, r]
+        V = np.asarray(svd.V(eye_r)).reshape(r, op.d).T  # [d, r]
+        np.testing.assert_allclose(U.T @ U, np.eye(r), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(V.T @ V, np.eye(r), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(U @ np.diag(s) @ V.T, M, rtol=0, atol=1e-12 * scale)
+        # Ut and Vt are the transposes of U and V
+        Ut = np.asarray(svd.Ut(jnp.eye(op.m, dtype=jnp.float64))).T  # [r, m]
+        eye_d = jnp.eye(op.d, dtype=jnp.float64).reshape(op.d, *op.data_shape)
+        Vt = np.asarray(svd.Vt(eye_d)).T  # [r, d]
+        np.testing.assert_allclose(Ut, U.T, rtol=0, atol=1e-13)
+        np.testing.assert_allclose(Vt, V.T, rtol=0, atol=1e-13)
+        s_np = np.linalg.svd(M, compute_uv=False)
+        np.testing.assert_allclose(np.sort(s)[::-1], s_np[:r], rtol=1e-10)
+        assert np.all(s_np[r:] <= 1e-10 * s_np[0])  # r is the rank
+
+
+def test_downsample_is_a_block_mean():
+    with jax.enable_x64(True):
+        x = np.random.default_rng(1).standard_normal((2, 6, 6, 2))
+        op = ops.Downsample.create((6, 6, 2), 3)
+        ref = x.reshape(2, 2, 3, 2, 3, 2).mean(axis=(2, 4)).reshape(2, -1)
+        np.testing.assert_allclose(np.asarray(op.A(jnp.asarray(x))), ref, rtol=0, atol=1e-14)
+
+
+def test_blur_matches_scipy_convolve():
+    with jax.enable_x64(True):
+        x = np.random.default_rng(2).standard_normal((2, 7, 6, 3))
+        op = ops.GaussianBlur.create((7, 6, 3), 1.1, 5)
+        k = op.kernel
+        np.testing.assert_allclose(float(np.sum(k)), 1.0, rtol=1e-14)
+        r = np.arange(5) - 2
+        ref_k = np.exp(-(r[:, None] ** 2 + r[None, :] ** 2) / (2 * 1.1**2))
+        np.testing.assert_allclose(np.asarray(k), ref_k / ref_k.sum(), rtol=1e-13)
+        # an asymmetric kernel checks the orientation of the convolution and its adjoint
+        asym = jnp.asarray(np.random.default_rng(3).random((5, 5)))
+        for kern in (k, asym):
+            op_k = op.replace(kernel=kern)
+            out = np.asarray(op_k.A(jnp.asarray(x))).reshape(x.shape)
+            for b in range(2):
+                for c in range(3):
+                    ref = scipy.ndimage.convolve(x[b, :, :, c], np.asarray(kern), mode="constant")
+                    np.testing.assert_allclose(out[b, :, :, c], ref, rtol=0, atol=1e-12)
+            M = _dense(op_k)
+            np.testing.assert_allclose(_dense_t(op_k), M.T, rtol=0, atol=1e-13)
+
+
+def test_inpainting_masks():
+    box = ops.Inpainting.box((6, 8, 2), (2, 4))
+    mask = np.asarray(box.mask)
+    ref = np.ones((6, 8, 2), bool)
+    ref[2:4, 2:6] = False
+    np.testing.assert_array_equal(mask, ref)
+    assert box.m == ref.sum()
+    rnd = ops.Inpainting.random(jax.random.key(0), (5, 4, 3), 0.5)
+    mask = np.asarray(rnd.mask)
+    assert np.all(mask == mask[..., :1])  # whole pixels
+    assert mask[..., 0].sum() == 10 and rnd.m == 30
+
+
+def test_measurement_noise_std():
+    op = ops.Identity.create((50, 40))
+    meas = ops.Measurement.create(op, 0.3)
+    x = jnp.full((10, 50, 40), 0.25)
+    y = np.asarray(meas.measure(x, jax.random.key(5)), np.float64)
+    n = y - 0.25
+    N = n.size
+    assert abs(n.mean()) < 4 * 0.3 / np.sqrt(N)
+    # the sample std's standard error is about sigma / sqrt(2 N)
+    assert abs(n.std() - 0.3) < 4 * 0.3 / np.sqrt(2 * N)
+    y0 = ops.Measurement.create(op, 0.0).measure(x, jax.random.key(5))
+    np.testing.assert_array_equal(np.asarray(y0), np.asarray(op.A(x)))
+
+
+KEY = jax.random.key(0)
+
+
+@pytest.mark.parametrize(
+    "make, field",
+    [
+        (lambda: ops.Inpainting.from_mask(np.zeros((4, 4, 1), bool)), "task.mask"),
+        (lambda: ops.Inpainting.from_mask(np.ones((4, 4, 1))), "task.mask"),
+        (lambda: ops.Inpainting.box((4, 4, 1), (4, 4)), "task.box"),
+        (lambda: ops.Inpainting.box((4, 4, 1), (5, 1)), "task.box"),
+        (lambda: ops.Inpainting.random(KEY, (4, 4, 1), 0.0), "task.keep"),
+        (lambda: ops.Inpainting.random(KEY, (4, 4, 1), 0.01), "task.keep"),
+        (lambda: ops.Downsample.create((6, 6, 1), 4), "task.factor"),
+        (lambda: ops.Downsample.create((6, 4, 1), 3), "task.factor"),
+        (lambda: ops.Downsample.create((6, 6, 1), 0), "task.factor"),
+        (lambda: ops.Downsample.create((36,), 2), "data_shape"),
+        (lambda: ops.RandomProjection.create(KEY, (4, 4, 1), 0), "task.m"),
+        (lambda: ops.RandomProjection.create(KEY, (4, 4, 1), 17), "task.m"),
+        (lambda: ops.GaussianBlur.create((4, 4, 1), 1.0, 5), "task.size"),
+        (lambda: ops.GaussianBlur.create((4, 4, 1), 1.0, 2), "task.size"),
+        (lambda: ops.GaussianBlur.create((4, 4, 1), 2.0), "task.size"),
+        (lambda: ops.GaussianBlur.create((4, 4, 1), 0.0, 3), "task.std"),
+        (lambda: ops.GaussianBlur.create((4, 4, 1), -1.0, 3), "task.std"),
+        (lambda: ops.Colourisation.create((4, 4, 1)), "data_shape"),
+        (lambda: ops.Identity.create((4, 0)), "data_shape"),
+        (lambda: ops.Measurement.create(ops.Identity.create((3,)), -0.1), "sigma_y"),
+        (lambda: ops.Measurement.create(ops.Identity.create((3,)), float("nan")), "sigma_y"),
+        (lambda: ops.Identity.create((3,)).A(jnp.zeros((2, 4))), "x"),
+        (lambda: ops.Identity.create((3,)).At(jnp.zeros((2, 4))), "y"),
+        (lambda: ops.Identity.create((3,)).pinv(jnp.zeros((2, 3)), rcond=-1.0), "rcond"),
+    ],
+)
+def test_bad_input_names_the_field(make, field):
+    with pytest.raises(ValueError, match=rf"^{field} must "):
+        make()
