@@ -73,6 +73,14 @@ PAPER = "Wang & Vastola, TMLR 2024 (arXiv 2412.09726)"
 
 
 # --------------------------------------------------------------------------- models
+def _relative_path(path, run_dir) -> str:
+    """``path`` relative to ``run_dir`` when inside it, else as given."""
+    try:
+        return str(Path(path).resolve().relative_to(Path(run_dir).resolve()))
+    except ValueError:
+        return str(path)
+
+
 def train_model(overrides: list[str], model_dir: Path, *, progress: bool = False) -> float:
     """Train (or resume, or reuse) the model of ``experiments.train`` + ``overrides`` in
     ``model_dir`` with :func:`experiments.runs.train_run` (the entry point's own checks).
@@ -428,7 +436,8 @@ def run_dataset(data_name: str, tc: DictConfig, run_dir: Path, log=print) -> Dat
     res = analyse_dataset(data_name, source, run.process, dataset, features, tc, log=log)
     res.timings = {**timings, **res.timings}
     res.model = {
-        "run_dir": str(model_dir),
+        # relative to the table's run directory when trained there: no machine paths
+        "run_dir": _relative_path(model_dir, run_dir),
         "step": step,
         "trained": trained,
         "model": build.to_container(run.cfg.model),

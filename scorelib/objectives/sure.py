@@ -44,8 +44,8 @@ more network evaluation (the gradient then differentiates through the ``jvp``, r
 forward, which JAX does natively). ``'fd'`` is kept for the paper's form and for a source
 that forward mode cannot differentiate.
 
-Our choices, not read from the paper (its loss weighting and schedules are unverified here,
-``/work/shared/methods/06-related-methods.md``): ``x_hat`` enters the DSM term through
+Our choices, not read from the paper (its loss weighting and schedules are unverified here;
+Aali et al. 2023): ``x_hat`` enters the DSM term through
 ``stop_gradient`` (the denoiser is trained by SURE alone; DSM cannot move ``x_hat`` towards
 estimates that are easier to score); the weight ``lambda(sigma_n)``; EDM's noise levels and
 preconditioning for the DSM term.

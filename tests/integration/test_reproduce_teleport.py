@@ -20,6 +20,8 @@ def test_gaussian_teleport_smoke(tmp_path):
     files = {f.suffix for f in run_dir.rglob("*") if f.is_file()}
     assert {".md", ".csv", ".tex", ".png", ".json"} <= files, sorted(files)
     md = "\n".join(f.read_text() for f in run_dir.rglob("*.md"))
+    # the models trained here are named relative to the table's directory (no machine paths)
+    assert f"{run_dir}/models" not in md and "models/" in md
     for needle in (
         "sigma_skip",
         "FD mean",
