@@ -316,6 +316,26 @@ def check_class_sizes(labels) -> None:
 PER_CLASS_METRICS = ("c2st", "precision", "recall")
 
 
+def accuracy_rows(samples, labels, dataset, ext) -> dict:
+    """The classifier ``ext``'s accuracy on ``samples: [n, H, W, C]`` (quantised) against
+    ``labels: [n]`` and, the floor, on the test split against its labels
+    (:func:`scorelib.metrics.conditional_accuracy`, binomial s.e.): the ``accuracy_*`` keys
+    of :func:`conditional_rows`."""
+    acc = conditional_accuracy(ext.predict(samples), labels)
+    floor = conditional_accuracy(ext.predict(dataset.test), dataset.test_labels)
+    floor_of = dict(zip(floor["classes"], floor["per_class_accuracy"], strict=True))
+    return dict(
+        accuracy_samples=acc["accuracy"],
+        accuracy_samples_se=acc["se"],
+        accuracy_samples_n=acc["n"],
+        accuracy_floor=floor["accuracy"],
+        accuracy_floor_se=floor["se"],
+        accuracy_floor_n=floor["n"],
+        accuracy_per_class_samples=acc["per_class_accuracy"],
+        accuracy_per_class_floor=[floor_of[c] for c in acc["classes"]],
+    )
+
+
 def conditional_rows(samples, labels, dataset, ext, feats, *, seed: int) -> dict:
     """The conditional rows of :func:`evaluate_images`: the classifier's accuracy on the
     samples against their labels beside its accuracy on the test split (the floor;
@@ -347,19 +367,7 @@ def conditional_rows(samples, labels, dataset, ext, feats, *, seed: int) -> dict
     out = {"conditional": True}
     features = {}
     if ext is not None:
-        acc = conditional_accuracy(ext.predict(samples), labels)
-        floor = conditional_accuracy(ext.predict(dataset.test), dataset.test_labels)
-        floor_of = dict(zip(floor["classes"], floor["per_class_accuracy"], strict=True))
-        out.update(
-            accuracy_samples=acc["accuracy"],
-            accuracy_samples_se=acc["se"],
-            accuracy_samples_n=acc["n"],
-            accuracy_floor=floor["accuracy"],
-            accuracy_floor_se=floor["se"],
-            accuracy_floor_n=floor["n"],
-            accuracy_per_class_samples=acc["per_class_accuracy"],
-            accuracy_per_class_floor=[floor_of[c] for c in acc["classes"]],
-        )
+        out.update(accuracy_rows(samples, labels, dataset, ext))
     if feats is not None:
         features = dict(
             sample_features=feats[0], reference_features=feats[3], floor_features=feats[2]

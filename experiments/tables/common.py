@@ -158,6 +158,15 @@ def seed_cell(rows: Sequence[dict], key: str) -> Cell:
     return float(v[0]) if v.size == 1 else pm(v.mean(), v.std())
 
 
+def relative_path(path, run_dir) -> str:
+    """``path`` relative to the table's ``run_dir`` when inside it, else as given: what
+    committed results record (no machine paths)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path(run_dir).resolve()))
+    except ValueError:
+        return str(path)
+
+
 def check_seeds(seeds) -> list[int]:
     """``table.seeds`` as distinct integers >= 0, at least one.
 

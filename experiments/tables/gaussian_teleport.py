@@ -51,7 +51,7 @@ from omegaconf import DictConfig
 from experiments import build
 from experiments.runs import ScoreRun, configure_jax, load_run, train_run
 from experiments.runs.layout import pyplot, save_figure
-from experiments.tables.common import check_seeds, compose_config, scaled
+from experiments.tables.common import check_seeds, compose_config, relative_path, scaled
 from scorelib._io import atomic_write_text
 from scorelib.data.images import quantise
 from scorelib.metrics import (
@@ -73,14 +73,6 @@ PAPER = "Wang & Vastola, TMLR 2024 (arXiv 2412.09726)"
 
 
 # --------------------------------------------------------------------------- models
-def _relative_path(path, run_dir) -> str:
-    """``path`` relative to ``run_dir`` when inside it, else as given."""
-    try:
-        return str(Path(path).resolve().relative_to(Path(run_dir).resolve()))
-    except ValueError:
-        return str(path)
-
-
 def train_model(overrides: list[str], model_dir: Path, *, progress: bool = False) -> float:
     """Train (or resume, or reuse) the model of ``experiments.train`` + ``overrides`` in
     ``model_dir`` with :func:`experiments.runs.train_run` (the entry point's own checks).
@@ -437,7 +429,7 @@ def run_dataset(data_name: str, tc: DictConfig, run_dir: Path, log=print) -> Dat
     res.timings = {**timings, **res.timings}
     res.model = {
         # relative to the table's run directory when trained there: no machine paths
-        "run_dir": _relative_path(model_dir, run_dir),
+        "run_dir": relative_path(model_dir, run_dir),
         "step": step,
         "trained": trained,
         "model": build.to_container(run.cfg.model),

@@ -59,9 +59,15 @@ from experiments.classifier_schema import register_classifier_configs
 from experiments.runs import load_run, train_run
 from experiments.runs.classifier import ClassifierRun, pin_score_step, score_record
 from experiments.runs.conditioning import conditioned_source, sample_labels
-from experiments.runs.evaluation import CLASSIFIERS, evaluate_images
+from experiments.runs.evaluation import CLASSIFIERS, accuracy_rows, evaluate_images
 from experiments.runs.layout import pyplot, save_figure
-from experiments.tables.common import check_digits_run, check_seeds, compose_config, scaled
+from experiments.tables.common import (
+    check_digits_run,
+    check_seeds,
+    compose_config,
+    relative_path,
+    scaled,
+)
 from experiments.tables.digits_models import cells, check, train_model
 from scorelib._checks import check_int, check_real, require
 from scorelib._io import atomic_write_text
@@ -70,7 +76,6 @@ from scorelib.data.targets import GaussianMixtureTarget
 from scorelib.metrics import (
     FeatureExtractor,
     classifier_gradient_error,
-    conditional_accuracy,
     noisy_classifier_accuracy,
 )
 from scorelib.metrics.classifier import default_cache_dir
@@ -497,19 +502,9 @@ def train_classifier_run(overrides, seed: int, out: Path, log, score_run=None):
     return dict(acc, train_s=wall)
 
 
-def _relative_path(path, run_dir: Path) -> str:
-    """``path`` relative to the table's run directory when inside it (committed results hold
-    no machine paths), else as given."""
-    path = Path(path)
-    try:
-        return str(path.resolve().relative_to(Path(run_dir).resolve()))
-    except ValueError:
-        return str(path)
-
-
 def _relative(g: dict, run_dir: Path) -> dict:
-    """The classifier run of guidance fields ``g`` as :func:`_relative_path` records it."""
-    return {"classifier": _relative_path(g["classifier"], run_dir)} if "classifier" in g else {}
+    """The classifier run of guidance fields ``g`` as :func:`relative_path` records it."""
+    return {"classifier": relative_path(g["classifier"], run_dir)} if "classifier" in g else {}
 
 
 def digits_seed(tc: DictConfig, i: int, seed: int, run_dir: Path, log):
@@ -541,7 +536,6 @@ def digits_seed(tc: DictConfig, i: int, seed: int, run_dir: Path, log):
     # labels and on the test digits (the floor), with the per-class tests or without them
     ds = run.data.images
     ext = FeatureExtractor.load_or_train(CLASSIFIERS["digits"](), default_cache_dir(os.environ))
-    floor = conditional_accuracy(ext.predict(ds.test), ds.test_labels)
     records, figure = [], {}
     per = int(tc.grid_per_class)
     for method, scale, fields in guidance_settings(tc):
@@ -572,7 +566,7 @@ def digits_seed(tc: DictConfig, i: int, seed: int, run_dir: Path, log):
             "nfe": int(info["nfe"]),
             "sample_s": sample_s,
             "num_nonfinite": int(info["num_nonfinite"]),
-            "model": _relative_path(model_dir, run_dir),
+            "model": relative_path(model_dir, run_dir),
             "model_train_s": model_s,
         }
         if rec["num_nonfinite"]:  # a guidance that diverged: reported, not evaluated
@@ -591,14 +585,7 @@ def digits_seed(tc: DictConfig, i: int, seed: int, run_dir: Path, log):
         )
         rec.update(m, eval_s=time.perf_counter() - t0)
         if not tc.per_class:  # with the labels, evaluate_images gave these keys already
-            acc = conditional_accuracy(ext.predict(quantise(x, ds.levels)), labels)
-            rec.update(
-                accuracy_samples=acc["accuracy"],
-                accuracy_samples_se=acc["se"],
-                accuracy_per_class_samples=acc["per_class_accuracy"],
-                accuracy_floor=floor["accuracy"],
-                accuracy_floor_se=floor["se"],
-            )
+            rec.update(accuracy_rows(quantise(x, ds.levels), labels, ds, ext))
         records.append(rec)
         log(
             f"[digits seed {seed}] {method} {scale:g}: accuracy {rec['accuracy_samples']:.3f}, "
