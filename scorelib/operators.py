@@ -14,7 +14,8 @@ flattened measurements ``[batch, m]``:
 
 Operators: :class:`Identity` (denoising), :class:`Inpainting` (a keep-mask),
 :class:`Downsample` (box average), :class:`GaussianBlur` (zero boundary, no SVD),
-:class:`RandomProjection` (compressed sensing), :class:`Colourisation` (grey = channel mean).
+:class:`RandomProjection` (compressed sensing), :class:`Colourisation` (grey = channel mean),
+:class:`Stacked` (several operators' measurements concatenated).
 :class:`Measurement` pairs an operator with the noise level ``sigma_y`` (data units of x0:
 double a figure quoted for ``[0, 1]`` images to use it on ``[-1, 1]``).
 
@@ -483,13 +484,53 @@ class Colourisation(LinearOperator):
         return _equal_rows_svd(self, math.sqrt(3.0))  # each row: 3 channels of 1 / 3
 
 
+class Stacked(LinearOperator):
+    """Several operators on the same data, their measurements concatenated:
+    ``A x = [A_1 x; A_2 x; ...]``, ``A^T y = sum_k A_k^T y_k``, ``m = sum_k m_k`` (sensor
+    fusion: a low-resolution image and a few point observations in one posterior). No SVD
+    (the parts' row spaces overlap): :meth:`pinv` runs conjugate gradients.
+
+    Fields:
+      operators: the parts (a tuple of :class:`LinearOperator`, each on ``data_shape``).
+    """
+
+    operators: tuple = ()
+
+    @classmethod
+    def create(cls, operators) -> Stacked:
+        """Raises: ValueError naming ``task.operators`` for fewer than one operator, a part
+        that is not a LinearOperator, or parts on different data shapes."""
+        ops = tuple(operators) if isinstance(operators, list | tuple) else ()
+        require(len(ops) >= 1, "task.operators", "a list of at least one operator", operators)
+        for op in ops:
+            require(isinstance(op, LinearOperator), "task.operators", "LinearOperators", type(op))
+        shapes = {tuple(op.data_shape) for op in ops}
+        require(len(shapes) == 1, "task.operators", "operators on one data shape", shapes)
+        return cls(data_shape=tuple(ops[0].data_shape), operators=ops)
+
+    @property
+    def m(self) -> int:
+        return sum(op.m for op in self.operators)
+
+    def _A(self, x):
+        return jnp.concatenate([op._A(x) for op in self.operators], axis=1)
+
+    def _At(self, y):
+        out, start = 0.0, 0
+        for op in self.operators:
+            out = out + op._At(y[:, start : start + op.m])
+            start += op.m
+        return out
+
+
 class Measurement(struct.PyTreeNode):
     """A noisy linear measurement ``y = A x0 + sigma_y n``, ``n ~ N(0, I)``.
 
     Fields:
       operator: the :class:`LinearOperator` ``A``.
-      sigma_y: the noise standard deviation, a scalar in data units of x0 (images in
-        ``[-1, 1]``: twice a figure quoted for ``[0, 1]``); a leaf, so sweeps compile once.
+      sigma_y: the noise standard deviation in data units of x0 (images in ``[-1, 1]``:
+        twice a figure quoted for ``[0, 1]``): a scalar, or ``[m]`` one per measured entry
+        (:meth:`stack`: each part its own); a leaf, so sweeps compile once.
     """
 
     operator: LinearOperator = None
@@ -505,6 +546,34 @@ class Measurement(struct.PyTreeNode):
         sigma_y = check_real(sigma_y, "sigma_y", low=0.0)
         return cls(operator=operator, sigma_y=sigma_y)
 
+    @classmethod
+    def stack(cls, measurements) -> Measurement:
+        """Several measurements of the same data as one: a :class:`Stacked` operator and the
+        ``[m]`` noise levels of its parts (each part's ``sigma_y`` over its entries).
+
+        Raises:
+          ValueError: naming ``task.operators`` (see :meth:`Stacked.create`) or a part that
+            is not a Measurement.
+        """
+        parts = tuple(measurements) if isinstance(measurements, list | tuple) else ()
+        for p in parts:
+            require(isinstance(p, Measurement), "task.operators", "Measurements", type(p))
+        op = Stacked.create([p.operator for p in parts])
+        sigma = np.concatenate(
+            [np.broadcast_to(np.asarray(p.sigma_y, np.float64), (p.operator.m,)) for p in parts]
+        )
+        return cls(operator=op, sigma_y=jnp.asarray(sigma, jnp.float32))
+
+    @property
+    def scalar_noise(self) -> bool:
+        """Whether ``sigma_y`` is one number for every entry (static)."""
+        return jnp.ndim(self.sigma_y) == 0
+
+    def noise_std(self, dtype=jnp.float32) -> Array:
+        """``sigma_y`` as a scalar or ``[m]`` array of ``dtype``, broadcastable against
+        ``[batch, m]``."""
+        return jnp.asarray(self.sigma_y, dtype)
+
     def measure(self, x: Array, key) -> Array:
         """``A x + sigma_y n`` for ``x: [batch, *data_shape]``; returns ``[batch, m]``.
 
@@ -513,4 +582,4 @@ class Measurement(struct.PyTreeNode):
         """
         Ax = self.operator.A(x)
         n = jax.random.normal(key, Ax.shape, Ax.dtype)
-        return Ax + jnp.asarray(self.sigma_y, Ax.dtype) * n
+        return Ax + self.noise_std(Ax.dtype) * n

@@ -30,9 +30,13 @@ there. ``draw_samples`` draws any number of samples in batches (batch-size indep
 ``teleport`` starts any sampler from ``grid[k]`` in closed form;
 ``langevin_corrector`` runs the Langevin corrector alone. ``cfdm_sample`` is the sigma-CFDM
 sampler (Euler in rectified-flow time from an exact training-mixture draw; not a
-``StepRule``: see ``cfdm.py``). Every registered sampler runs on a random source
-(``SmoothedScore``, ``ReverseDiffusionScore``) or a conditional one (class labels) as it is:
-the driver binds its draws and conditions to each block's examples
+``StepRule``: see ``cfdm.py``). ``ddrm`` (DDRM, Kawar et al. 2022) samples an inverse
+problem's posterior from a ``scorelib.scores.MeasuredScore`` whose operator has an SVD; it is
+not in ``SAMPLERS`` (it needs a measurement; every registered sampler draws posteriors from
+the measurement-conditioned sources of ``scorelib.scores.measured``). Every registered
+sampler runs on a random source (``SmoothedScore``, ``ReverseDiffusionScore``) or a
+conditional one (class labels) as it is: the driver binds its draws and conditions to each
+block's examples
 (``source.for_examples``). ``langevin_mcmc`` is plain ULA/MALA on a target's log-density
 (``mcmc.py``), the baseline of reverse-diffusion Monte Carlo.
 
@@ -42,6 +46,7 @@ option checks, default grid, NFE count, ``init``/``step``/``final``; see ``ode.p
 """
 
 from scorelib.samplers.cfdm import cfdm_sample
+from scorelib.samplers.ddrm import ddrm
 from scorelib.samplers.draw import draw_samples
 from scorelib.samplers.driver import Sampler, StepRule
 from scorelib.samplers.grids import (
@@ -97,5 +102,6 @@ __all__ = [
     "corrector_step_size",
     "draw_samples",
     "cfdm_sample",
+    "ddrm",
     "teleport",
 ]

@@ -8,7 +8,10 @@ probability-flow ODE beside the Gaussian source, and the asymmetry of a source's
 (``jacobian.py``: how far a score field is from a gradient field). Class-conditional
 sources (``conditional.py``: labels bound per example like a random source's keys, the
 exact per-class source) and guidance (``guidance.py``) are sources too; the noise-conditional
-classifier that classifier guidance adds (``classifier.py``) lives beside them.
+classifier that classifier guidance adds (``classifier.py``) lives beside them. Measurement-
+conditioned sources (``measured.py``: replacement/projection, DPS, PiGDM; a linear measurement
+bound per example) sample inverse problems' posteriors, and ``posterior.py`` gives the exact
+posterior of a Gaussian prior they are checked against.
 """
 
 from scorelib.scores.base import ScoreSource, denoiser_from_score, score_from_denoiser
@@ -19,6 +22,7 @@ from scorelib.scores.gaussian import GaussianScore, gaussian_flow, gaussian_marg
 from scorelib.scores.gaussian_fit import fit_gaussian, fit_kmeans_mixture
 from scorelib.scores.jacobian import jacobian_asymmetry
 from scorelib.scores.manywell import ManyWellNoisyScore
+from scorelib.scores.measured import DPS, MeasuredScore, Observations, PiGDM, Projection
 from scorelib.scores.mixture import MixtureScore
 from scorelib.scores.neighbours import NeighbourScore
 from scorelib.scores.network import NetworkScore, preconditioned_denoiser
@@ -31,6 +35,11 @@ __all__ = [
     "Labels",
     "PerClassScore",
     "NoisyClassifier",
+    "MeasuredScore",
+    "Observations",
+    "Projection",
+    "DPS",
+    "PiGDM",
     "GaussianScore",
     "MixtureScore",
     "EmpiricalScore",

@@ -2,8 +2,9 @@
 measurement-conditioned samplers are checked against (issue 37, item 3).
 
 Prior ``x0 ~ N(mu, C)`` (a :class:`~scorelib.scores.GaussianScore`), measurement
-``y = A x0 + sigma_y n`` (a :class:`~scorelib.operators.Measurement`). With
-``S = A C A^T + sigma_y^2 I`` (solved, never inverted)::
+``y = A x0 + sigma_y n`` (a :class:`~scorelib.operators.Measurement`; ``sigma_y`` a scalar or
+one per entry, a stacked measurement's). With ``S = A C A^T + diag(sigma_y^2)`` (solved, never
+inverted)::
 
     m_post = mu + C A^T S^{-1} (y - A mu)
     C_post = C - C A^T S^{-1} A C
@@ -72,14 +73,14 @@ def gaussian_posterior(prior: GaussianScore, measurement: Measurement, y) -> Gau
     m = a.shape[0]
     y = np.asarray(y, np.float64)
     require(y.shape == (m,) and np.all(np.isfinite(y)), "y", f"[{m}] finite values", y.shape)
-    sigma_y = float(measurement.sigma_y)
+    sigma_y = np.broadcast_to(np.asarray(measurement.sigma_y, np.float64), (m,))
     ca_t = cov @ a.T  # [d, m]
-    s = a @ ca_t + sigma_y**2 * np.eye(m)
+    s = a @ ca_t + np.diag(sigma_y**2)
     require(
-        sigma_y > 0 or np.linalg.cond(s) < 1e12,
+        bool(np.all(sigma_y > 0)) or np.linalg.cond(s) < 1e12,
         "sigma_y",
         "> 0 when A C A^T is singular (the noiseless posterior of this prior is degenerate)",
-        sigma_y,
+        float(np.min(sigma_y)),
     )
     gain = np.linalg.solve(s, ca_t.T).T  # C A^T S^{-1}, [d, m]
     mean = mu + gain @ (y - a @ mu)
