@@ -77,6 +77,7 @@ import numpy as np
 from flax import struct
 from scipy.special import logsumexp
 
+from scorelib._io import portable_text
 from scorelib.metrics import mean_paired_distance
 from scorelib.processes.rectified import RectifiedFlow
 from scorelib.samplers.cfdm import cfdm_sample
@@ -448,7 +449,9 @@ def main():
         with open(a.out, "w") as f:
             json.dump(
                 {
-                    "command": "benchmarks/closed_form.py " + " ".join(os.sys.argv[1:]),
+                    "command": portable_text(
+                        "benchmarks/closed_form.py " + " ".join(os.sys.argv[1:])
+                    ),
                     "revision": revision,
                     "load_at_start": load,
                     "load_at_end": os.getloadavg(),

@@ -38,7 +38,7 @@ from experiments.common import CONFIG_DIR, git_revision, package_versions
 from experiments.runs import ScoreRun, train_run
 from experiments.schema import register_configs
 from scorelib._checks import check_int
-from scorelib._io import atomic_write_text
+from scorelib._io import atomic_write_text, portable_path, portable_text
 
 Cell = Any
 
@@ -159,12 +159,13 @@ def seed_cell(rows: Sequence[dict], key: str) -> Cell:
 
 
 def relative_path(path, run_dir) -> str:
-    """``path`` relative to the table's ``run_dir`` when inside it, else as given: what
-    committed results record (no machine paths)."""
+    """``path`` relative to the table's ``run_dir`` when inside it, else as
+    :func:`scorelib._io.portable_path` shows it: what committed results record (no machine
+    paths)."""
     try:
         return str(Path(path).resolve().relative_to(Path(run_dir).resolve()))
     except ValueError:
-        return str(path)
+        return portable_path(path)
 
 
 def check_seeds(seeds) -> list[int]:
@@ -270,14 +271,28 @@ def command_line(argv: Sequence[str] | None = None) -> str:
 
     Overrides are shell-quoted (values with spaces, ``=``, ``@`` or ``%`` survive
     copy-paste); Hydra's own ``hydra.run.dir=...`` is kept, since it names the output.
+    Absolute paths are recorded as :func:`scorelib._io.portable_path` writes them: relative
+    to the working directory (the repository root, where tables are run) when inside it,
+    else ``<outside>/<name>`` (committed results hold no machine's paths).
     """
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = [portable_text(a) for a in (sys.argv[1:] if argv is None else argv)]
     return " ".join(["python", "-m", "experiments.reproduce"] + [shlex.quote(a) for a in argv])
+
+
+def portable_config(value):
+    """A resolved config (nested dicts and lists) with every absolute path string made
+    portable (:func:`scorelib._io.portable_text`)."""
+    if isinstance(value, dict):
+        return {k: portable_config(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [portable_config(v) for v in value]
+    return portable_text(value) if isinstance(value, str) else value
 
 
 def metadata(cfg: DictConfig | dict, *, command: str, seeds: Sequence[int], wall_s: float) -> dict:
     """Run metadata: resolved config, command, seeds, versions, git revision, machine."""
     conf = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    conf = portable_config(conf)
     try:
         backend, devices = jax.default_backend(), [str(d) for d in jax.devices()]
     except Exception:  # pragma: no cover - metadata must never fail the run

@@ -50,7 +50,7 @@ from experiments.tables.common import (
     scaled,
 )
 from scorelib._checks import check_choice, check_int, check_real, require
-from scorelib._io import atomic_write_text
+from scorelib._io import atomic_write_text, portable_path
 from scorelib.data import downsample_to_digits, load_mnist_subset, shift_images
 from scorelib.data.images import quantise
 from scorelib.metrics import auroc, bits_per_dim, dequantise, fit_norm_density, ood_scores
@@ -288,7 +288,9 @@ def model_note(tc, model_dir: Path) -> str:
     """Where the model came from, with the revision its run recorded (no absolute paths)."""
     rev = run_revision(model_dir)
     if tc.model is not None:
-        return f"`table.model={tc.model}` (an experiments.train run at revision {rev})"
+        return (
+            f"`table.model={portable_path(tc.model)}` (an experiments.train run at revision {rev})"
+        )
     return (
         f"trained in this run (`model/`, experiments.train with {list(tc.model_overrides)}, "
         f"revision {rev})"
