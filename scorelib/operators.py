@@ -130,7 +130,9 @@ class LinearOperator(struct.PyTreeNode):
         ``A^T A x = A^T y`` from ``x = 0`` (the iterates stay in the range of ``A^T``, so the
         limit is the minimum-norm least-squares solution, i.e. ``A^+ y``), stopped at a
         relative residual ``rcond`` or after ``maxiter`` iterations (``maxiter`` is unused
-        with an SVD). Ill-conditioned operators (wide blurs) converge slowly.
+        with an SVD). Ill-conditioned operators (wide blurs) converge slowly. Each example
+        runs its own iteration (``vmap``: its own step sizes and stopping test), so its
+        answer does not depend on the other examples of the batch.
 
         Raises:
           ValueError: naming ``y``, ``rcond`` (a number in [0, 1)) or ``maxiter``.
@@ -144,16 +146,15 @@ class LinearOperator(struct.PyTreeNode):
             keep = s > rcond * jnp.max(s)
             inv = jnp.where(keep, 1.0 / jnp.where(keep, s, 1.0), 0.0)
             return svd.V(inv * svd.Ut(y))
-        rhs = self._At(y)
-        batch = rhs.shape[0]
 
-        def normal(v):
-            return self._At(self._A(v.reshape(batch, *self.data_shape))).reshape(v.shape)
+        def normal(v):  # one example, [*data_shape]
+            return self._At(self._A(v[None]))[0]
 
-        x, _ = jax.scipy.sparse.linalg.cg(
-            normal, rhs.reshape(-1), tol=rcond, atol=0.0, maxiter=maxiter
-        )
-        return x.reshape(rhs.shape)
+        def one(rhs):
+            x, _ = jax.scipy.sparse.linalg.cg(normal, rhs, tol=rcond, atol=0.0, maxiter=maxiter)
+            return x
+
+        return jax.vmap(one)(self._At(y))
 
     def _A(self, x: Array) -> Array:
         raise NotImplementedError
@@ -549,7 +550,8 @@ class Measurement(struct.PyTreeNode):
     @classmethod
     def stack(cls, measurements) -> Measurement:
         """Several measurements of the same data as one: a :class:`Stacked` operator and the
-        ``[m]`` noise levels of its parts (each part's ``sigma_y`` over its entries).
+        ``[m]`` noise levels of its parts (each part's ``sigma_y`` over its entries), in JAX's
+        default float dtype (float64 under ``jax.enable_x64``).
 
         Raises:
           ValueError: naming ``task.operators`` (see :meth:`Stacked.create`) or a part that
@@ -562,7 +564,9 @@ class Measurement(struct.PyTreeNode):
         sigma = np.concatenate(
             [np.broadcast_to(np.asarray(p.sigma_y, np.float64), (p.operator.m,)) for p in parts]
         )
-        return cls(operator=op, sigma_y=jnp.asarray(sigma, jnp.float32))
+        return cls(
+            operator=op, sigma_y=jnp.asarray(sigma, jax.dtypes.canonicalize_dtype(np.float64))
+        )
 
     @property
     def scalar_noise(self) -> bool:

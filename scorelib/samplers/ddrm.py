@@ -62,7 +62,13 @@ def _check_source(source) -> None:
 
 class DDRM(StepRule):
     """DDRM (module docstring). Options: ``eta`` in ``[0, 1]`` (0.85, the paper's), ``eta_b``
-    in ``[0, 1]`` (1.0). Stochastic."""
+    in ``[0, 1]`` (1.0). Stochastic.
+
+    Raises (when called, before anything runs):
+      ValueError: naming ``sampler.eta`` / ``sampler.eta_b`` (outside ``[0, 1]``),
+        ``source`` (not a MeasuredScore) or ``method.name`` (an operator without an SVD, e.g.
+        GaussianBlur or a stacked measurement, or several noise levels).
+    """
 
     name = "ddrm"
     default_grid = "edm"

@@ -158,8 +158,9 @@ class MeasuredScore(ScoreSource):
 
         Raises:
           ValueError: naming ``source`` (a prior that is not a score source), ``measurement``
-            (not a Measurement, or its operator on another data shape than the prior's),
-            ``y`` or ``task.draws``; a subclass's own fields.
+            (not a Measurement), ``task`` (its operator on another data shape than the
+            prior's), ``y`` or ``task.draws``; ``method`` or ``method.<option>`` for a
+            subclass's options (one it does not use, a missing or invalid one).
         """
         require(isinstance(prior, ScoreSource), "source", "a score source", type(prior))
         require(
@@ -327,7 +328,9 @@ class PiGDM(MeasuredScore):
         With an SVD (``A A^T = U diag(s^2) U^T``) and one ``sigma_y``:
         ``U diag(1 / (r2 s^2 + sigma_y^2)) U^T r`` plus ``(r - U U^T r) / sigma_y^2`` off
         ``A``'s range (absent for the full-row-rank operators of ``scorelib.operators``);
-        else conjugate gradients on ``S`` (:data:`CG_TOL`, :data:`CG_MAXITER`).
+        else conjugate gradients on ``S`` (:data:`CG_TOL`, :data:`CG_MAXITER`), one
+        iteration per example (``vmap``), so an example's answer does not depend on the
+        other examples of the batch.
         """
         meas = self.measurement
         op = meas.operator
@@ -341,14 +344,14 @@ class PiGDM(MeasuredScore):
                 out = out + (r - svd.U(rt)) / noise2
             return out
 
-        def matvec(v):
-            v = v.reshape(r.shape)
-            return (r2b * op._A(op._At(v)) + noise2 * v).reshape(-1)
+        def one(r_b, r2_b):  # one example: r_b [m], r2_b scalar
+            def matvec(v):
+                return r2_b * op._A(op._At(v[None]))[0] + noise2 * v
 
-        v, _ = jax.scipy.sparse.linalg.cg(
-            matvec, r.reshape(-1), tol=CG_TOL, atol=0.0, maxiter=CG_MAXITER
-        )
-        return v.reshape(r.shape)
+            v, _ = jax.scipy.sparse.linalg.cg(matvec, r_b, tol=CG_TOL, atol=0.0, maxiter=CG_MAXITER)
+            return v
+
+        return jax.vmap(one)(r, jnp.broadcast_to(r2, r.shape[:1]))
 
     def likelihood_score(self, x: Array, t: Array) -> tuple[Array, Array]:
         """``(D, J^T A^T S^{-1} r)``: the prior's denoiser and the added term."""
@@ -382,9 +385,10 @@ def posterior_source(method: str, prior, measurement, y, *, repeats: int = 1, **
       prior, measurement, y, repeats: as :meth:`MeasuredScore.create`.
 
     Raises:
-      ValueError: naming ``method.name`` for an unknown method, ``method`` for an option
-        the method does not use, ``task`` for DDRM on an operator without an SVD, and as
-        :meth:`MeasuredScore.create`.
+      ValueError: naming ``method.name`` for an unknown method, or for DDRM on an operator
+        without an SVD or with several noise levels; ``method`` for an option the method
+        does not use; ``method.zeta`` / ``method.sigma_data`` missing or out of range; and
+        as :meth:`MeasuredScore.create`.
     """
     require(method in METHODS, "method.name", f"one of {sorted(METHODS)}", method)
     if method == "ddrm":

@@ -203,3 +203,126 @@ KEY = jax.random.key(0)
 def test_bad_input_names_the_field(make, field):
     with pytest.raises(ValueError, match=rf"^{field} must "):
         make()
+
+
+# --------------------------------------------------------------------------- Stacked
+def _stacks():
+    """Two stacks (built inside x64): overlapping row spaces, so no SVD."""
+    key = jax.random.key(4)
+    return {
+        "down_inpaint": [ops.Downsample.create(IMG, 2), ops.Inpainting.random(key, IMG, 0.25)],
+        "rgb_three": [
+            ops.Colourisation.create(RGB),
+            ops.RandomProjection.create(key, RGB, 5),
+            ops.GaussianBlur.create(RGB, 0.5, 3),
+        ],
+    }
+
+
+@pytest.mark.parametrize("name", ["down_inpaint", "rgb_three"])
+def test_stacked_against_its_parts(name):
+    """``A`` is the dense concatenation of the parts' matrices, ``At`` its transpose (and the
+    adjoint on random probes), ``pinv`` (conjugate gradients) ``numpy.linalg.pinv``."""
+    with jax.enable_x64(True):
+        parts = _stacks()[name]
+        op = ops.Stacked.create(parts)
+        M = np.concatenate([_dense(p) for p in parts])
+        assert op.m == sum(p.m for p in parts) and op.svd() is None
+        np.testing.assert_allclose(_dense(op), M, rtol=0, atol=1e-13)
+        np.testing.assert_allclose(_dense_t(op), M.T, rtol=0, atol=1e-13)
+        rng = np.random.default_rng(1)
+        x = rng.standard_normal((4, op.d))
+        v = rng.standard_normal((4, op.m))
+        Ax = np.asarray(op.A(jnp.asarray(x.reshape(4, *op.data_shape))))
+        Atv = np.asarray(op.At(jnp.asarray(v))).reshape(4, op.d)
+        np.testing.assert_allclose(Ax, x @ M.T, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(Atv, v @ M, rtol=0, atol=1e-12)
+        P_np = np.linalg.pinv(M)
+        pinv = jax.jit(lambda y: op.pinv(y, rcond=1e-12))  # CG loop compiled
+        P = np.asarray(pinv(jnp.eye(op.m, dtype=jnp.float64))).reshape(op.m, op.d).T
+        np.testing.assert_allclose(P, P_np, rtol=0, atol=1e-8 * np.abs(P_np).max())
+
+
+def test_stacked_measurement_noise_per_part():
+    """Each part's entries carry its own sigma_y: the noise std of each part within 4 s.e.
+    (``sigma / sqrt(2 N)``) of its value, and nothing in the noise-free part."""
+    shape = (50, 40)
+    low = ops.Measurement.create(ops.Identity.create(shape), 0.3)
+    few = ops.Measurement.create(ops.Inpainting.random(jax.random.key(0), shape, 0.5), 0.05)
+    exact = ops.Measurement.create(ops.Identity.create(shape), 0.0)
+    meas = ops.Measurement.stack([low, few, exact])
+    assert not meas.scalar_noise
+    m1, m2 = low.operator.m, few.operator.m
+    want = np.concatenate([np.full(m1, 0.3), np.full(m2, 0.05), np.zeros(m1)])
+    np.testing.assert_allclose(np.asarray(meas.sigma_y), want, rtol=1e-7)
+    x = jnp.asarray(np.random.default_rng(2).normal(size=(10, *shape)), jnp.float32)
+    n = np.asarray(meas.measure(x, jax.random.key(5)), np.float64)
+    n = n - np.asarray(meas.operator.A(x), np.float64)
+    for part, sigma in ((n[:, :m1], 0.3), (n[:, m1 : m1 + m2], 0.05)):
+        N = part.size
+        assert abs(part.mean()) < 4 * sigma / np.sqrt(N)
+        assert abs(part.std() - sigma) < 4 * sigma / np.sqrt(2 * N)
+    np.testing.assert_array_equal(n[:, m1 + m2 :], 0.0)
+
+
+def test_stacked_noise_levels_follow_x64():
+    """Under x64 the per-entry sigma_y keep their float64 values (as a scalar sigma_y does)."""
+    with jax.enable_x64(True):
+        parts = [ops.Measurement.create(ops.Identity.create((3,)), s) for s in (0.1, 0.7)]
+        meas = ops.Measurement.stack(parts)
+        assert meas.sigma_y.dtype == jnp.float64
+        np.testing.assert_array_equal(np.asarray(meas.sigma_y), [0.1] * 3 + [0.7] * 3)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ops.Stacked.create([]),
+        lambda: ops.Stacked.create(ops.Identity.create((3,))),
+        lambda: ops.Stacked.create([ops.Identity.create((3,)), ops.Identity.create((4,))]),
+        lambda: ops.Stacked.create([ops.Identity.create((3,)), "blur"]),
+        lambda: ops.Measurement.stack([]),
+        lambda: ops.Measurement.stack([ops.Identity.create((3,))]),
+        lambda: ops.Measurement.stack(
+            [
+                ops.Measurement.create(ops.Downsample.create(IMG, 2), 0.1),
+                ops.Measurement.create(ops.Identity.create((36,)), 0.1),
+            ]
+        ),
+    ],
+    ids=[
+        "empty",
+        "not_a_list",
+        "two_shapes",
+        "not_operator",
+        "no_parts",
+        "not_measurement",
+        "mixed",
+    ],
+)
+def test_stacked_refusals(make):
+    with pytest.raises(ValueError, match=r"^task\.operators must ") as e:
+        make()
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("std, size", [(1.0, 5), (1.5, 9)], ids=["converges", "stops_early"])
+def test_pinv_by_cg_is_per_example(std, size):
+    """Without an SVD, an example's ``A^+ y`` does not depend on the other examples: a batch
+    with one measurement 1e3 times larger than the other equals each example alone (one CG
+    over the flattened batch, stopped at 1e-6 of the whole batch's residual, left the small
+    example at 2e-5 of its size; 6% apart where 500 iterations do not converge), and where
+    CG converges each example is ``numpy.linalg.pinv`` to its own tolerance."""
+    with jax.enable_x64(True):
+        shape = (12, 12, 1)
+        op = ops.GaussianBlur.create(shape, std, size)
+        rng = np.random.default_rng(5)
+        ys = np.stack([1e3 * rng.normal(size=op.m), rng.normal(size=op.m)])
+        pinv = jax.jit(op.pinv)  # CG loop compiled
+        both = np.asarray(pinv(jnp.asarray(ys))).reshape(2, -1)
+        for b in range(2):
+            alone = np.asarray(pinv(jnp.asarray(ys[b : b + 1]))).reshape(-1)
+            np.testing.assert_allclose(both[b], alone, rtol=0, atol=1e-10 * np.abs(alone).max())
+            if std == 1.0:
+                want = np.linalg.pinv(_dense(op)) @ ys[b]
+                assert np.abs(both[b] - want).max() < 5e-6 * np.abs(want).max()
