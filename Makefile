@@ -59,10 +59,11 @@ slurm-down:
 
 # The main job: EDM on the real 8x8 digits (train, sample with Heun-18), then the tables of
 # FD, two-sample test, precision/recall, bits/dim and memorisation, each beside its floor and
-# a Gaussian baseline. Rerunning resumes (or reuses) outputs/digits_edm.
+# a Gaussian baseline. Rerunning resumes (or reuses) outputs/digits_edm: a finished run's
+# samples and their evaluation are printed again, not redrawn or recomputed (reuse=true).
 demo: $(STAMP)
 	$(BIN)/python -m experiments.train experiment=digits_edm
-	$(BIN)/python -m experiments.evaluate run_dir=outputs/digits_edm
+	$(BIN)/python -m experiments.evaluate run_dir=outputs/digits_edm reuse=true
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/samplers.py

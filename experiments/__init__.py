@@ -1,1 +1,2 @@
-"""Hydra entry points: train, sample, evaluate, reproduce. Thin: no maths here."""
+"""Hydra entry points: train, sample, evaluate, distill, reproduce, train_classifier,
+reconstruct. Thin: no maths here."""

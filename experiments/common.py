@@ -13,6 +13,7 @@ import difflib
 import functools
 import importlib.metadata
 import json
+import logging
 import os
 import platform
 import shutil
@@ -63,6 +64,7 @@ PACKAGES = (
     "numpy",
     "scipy",
     "scikit-learn",
+    "scikit-image",
     "scorelib",
 )
 
@@ -369,7 +371,9 @@ class RecordOutputDirs(Callback):
             out = Path(str(OmegaConf.select(config, "hydra.run.dir"))).resolve()
         except OmegaConfBaseException:  # e.g. run_dir missing: the task reports it in one line
             return
-        _EXISTED.set(frozenset(p for p in (out, *out.parents) if p.exists()))
+        # and what it held: a refused command removes the log it added there
+        held = out.iterdir() if out.is_dir() else ()
+        _EXISTED.set(frozenset([*(p for p in (out, *out.parents) if p.exists()), *held]))
 
 
 def discard_unused_output_dir(
@@ -389,6 +393,13 @@ def discard_unused_output_dir(
         return
     output_dir = output_dir.resolve()
     if existed is not None and output_dir in existed:
+        # an existing directory (sample_logs/ of earlier commands) keeps what it held; the
+        # log this command added to it goes, if nothing but Hydra wrote beside it
+        added = [p for p in output_dir.iterdir() if p not in existed]
+        if all(p.name == ".hydra" or p.suffix == ".log" for p in added):
+            for p in added:
+                if p.suffix == ".log" and p.is_file():
+                    p.unlink()
         return
     # File-system clocks are coarse (a jiffy, up to 10 ms behind time.time()).
     if existed is None and started is not None and output_dir.stat().st_ctime < started - 0.02:
@@ -496,5 +507,73 @@ def clean_errors(fn):
             line = error_line(e)
             print(f"error: {line}", file=sys.stderr)
             raise CommandError(line, 1) from None
+
+    return wrapper
+
+
+# --------------------------------------------------------------------------- logs
+
+
+class _ConsoleAndLog:
+    """A text stream that writes to the console stream and appends to a log file; the
+    log's first write is preceded by ``header`` (a refused command that printed nothing
+    adds nothing to the log)."""
+
+    def __init__(self, console, log_path: Path, header: str):
+        self._console, self._log_path, self._header, self._log = console, log_path, header, None
+
+    def write(self, text: str) -> int:
+        n = self._console.write(text)
+        if text:
+            if self._log is None:
+                self._log = open(self._log_path, "a", encoding="utf-8")  # noqa: SIM115
+                self._log.write(self._header)
+            self._log.write(text)
+            self._log.flush()
+        return n
+
+    def flush(self) -> None:
+        self._console.flush()
+
+    def close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+
+    def __getattr__(self, name):  # isatty, fileno, encoding ...: the console's
+        return getattr(self._console, name)
+
+
+def _job_log() -> Path | None:
+    """The log file of Hydra's job logging for this job (``<output dir>/<job name>.log``)
+    when a handler of the root logger writes it (``hydra/job_logging=none``: ``None``)."""
+    if not HydraConfig.initialized():
+        return None
+    hc = HydraConfig.get()
+    path = (Path(hc.runtime.output_dir) / f"{hc.job.name}.log").resolve()
+    for h in logging.getLogger().handlers:
+        if isinstance(h, logging.FileHandler) and Path(h.baseFilename).resolve() == path:
+            return path
+    return None
+
+
+def console_to_log(task):
+    """``@console_to_log`` on a Hydra task: what it prints on stdout (the tables, the paths
+    it writes) also goes to its job's log file (``sample_logs/.../sample.log``,
+    ``eval_logs/evaluate.log``), after a line with the time and the command; progress bars
+    and errors go to stderr only. Several commands that share a log append to it."""
+
+    @functools.wraps(task)
+    def wrapper(cfg, *args, **kwargs):
+        log = _job_log()
+        if log is None:
+            return task(cfg, *args, **kwargs)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        tee = _ConsoleAndLog(sys.stdout, log, f"== {stamp} {command_line()}\n")
+        saved, sys.stdout = sys.stdout, tee
+        try:
+            return task(cfg, *args, **kwargs)
+        finally:
+            sys.stdout = saved
+            tee.close_log()
 
     return wrapper

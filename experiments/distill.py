@@ -12,7 +12,8 @@ compiled or written. ``metrics.jsonl`` logs the losses, the ratios ``r_mean``/``
 means ``ratio_bin<k>``; a non-finite loss stops the run with its step number. The run
 prints what the discriminator heads read (``discriminator: 4 heads on the teacher
 network's features 32x32x256, ...``). At the end one-step samples of the student's EMA are
-written under ``samples/step<k>/onestep_1_n<num>_seed<seed>/``; ``python -m
+written under ``samples/step<k>/onestep_1_n<num>_seed<seed>/`` (``onestep_nfe2_...`` with a
+refining stage, ``distill.sigma_refine``: one step, two network evaluations); ``python -m
 experiments.sample run_dir=<run>`` and ``python -m experiments.evaluate run_dir=<run>``
 work on the run as on a training run.
 

@@ -10,12 +10,23 @@ The metrics, each beside its floor and a baseline, are those of
 precision/recall, bits/dim of a score run's model, memorisation; 2-D data and targets:
 energy distance and sliced W2). Conditional samples (a ``labels`` array beside ``samples``
 in the ``.npz``) of image data also get the bundled classifier's accuracy against their
-labels and the two-sample tests per class. Writes ``eval.json`` and ``eval.md`` beside the
-samples and prints the table.
+labels and the two-sample tests per class. Writes ``eval_<stem>.json`` and
+``eval_<stem>.md`` beside the samples file ``<stem>.npz`` (``eval_samples.*`` for
+``experiments.sample``'s, so evaluating ``a.npz`` and ``b.npz`` of one directory keeps both;
+evaluating the same file again replaces its evaluation and says so) and prints the table.
+``reuse=true`` prints the saved evaluation of the same file and seed, written after the
+samples, instead of computing it again (``make demo``).
+
+The samples are checked against the run's data before anything is computed, in one line
+naming ``samples=``: a ``.npz`` holding ``samples`` as float ``[n, *data_shape]``, finite;
+images on the data's scale ``[-1, 1]`` (:func:`experiments.runs.evaluation.check_samples`:
+a model's samples may overshoot it a little, which the evaluation clips; integer images,
+``0 .. 255`` or ``[0, 1]`` are refused).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import jax
@@ -24,16 +35,19 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from experiments import build
-from experiments.common import clean_errors, hydra_app
+from experiments.common import clean_errors, console_to_log, hydra_app
 from experiments.runs import configure_jax, read_config, run_kind
 from experiments.runs.base import override_keys, selects_samples
 from experiments.runs.evaluation import (
     check_sample_labels,
+    check_samples,
     describe_samples,
+    eval_paths,
     evaluate_and_write,
     load_labels,
     load_samples,
     sample_meta,
+    saved_evaluation,
 )
 from experiments.runs.layout import display_path
 from experiments.schema import register_configs
@@ -63,6 +77,7 @@ def samples_path(cfg: DictConfig, kind, overrides: list[str]) -> Path:
     return path
 
 
+@console_to_log
 @clean_errors
 def run_evaluation(cfg: DictConfig) -> dict:
     configure_jax()
@@ -70,11 +85,22 @@ def run_evaluation(cfg: DictConfig) -> dict:
     overrides = list(HydraConfig.get().overrides.task)
     path = samples_path(cfg, kind, overrides)
     samples, labels = load_samples(path), load_labels(path)
-    print(f"evaluating {describe_samples(path)}", flush=True)
     data_cfg = kind.data_config(read_config(cfg.run_dir))
     data = build.build_data(data_cfg)
-    if labels is not None and data.images is not None:  # refused before anything is computed
+    # refused before anything is computed: dtype, shape and range, then the labels
+    samples = check_samples(samples, data, f"samples={path}")
+    if labels is not None and data.images is not None:
         labels = check_sample_labels(labels, len(samples), data.images, f"samples={path}: labels")
+    title = f"{data_cfg.name}: {display_path(path)}"
+    if cfg.reuse and (saved := saved_evaluation(path, cfg.seed)) is not None:
+        json_path, md_path = eval_paths(path)
+        print(f"evaluated earlier: {describe_samples(path)}\n\n{title}\n\n{saved}\n")
+        print(
+            f"evaluation: {display_path(md_path)} and {json_path.name} (reused: seed "
+            f"{cfg.seed}, written after the samples; without reuse=true it is computed again)"
+        )
+        return json.loads(json_path.read_text())
+    print(f"evaluating {describe_samples(path)}", flush=True)
     prior, source, rows, meta = None, None, None, sample_meta(path)
     if data.images is None:
         process = build.build_process(data_cfg)
@@ -91,11 +117,12 @@ def run_evaluation(cfg: DictConfig) -> dict:
         cache_dir=cfg.cache_dir,
         source=source,
         prior=prior,
-        title=f"{data_cfg.name}: {display_path(path)}",
+        title=title,
         extra={"samples": str(path)},
         rows=rows,
         nfe=meta.get("nfe"),
         labels=labels,
+        stem=path.stem,
     )
 
 

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.common import CONFIG_DIR, clean_errors, hydra_app
 from experiments.tables.common import command_line, write_report
+from scorelib._checks import require
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 TABLE_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "table"
@@ -64,6 +65,73 @@ def check_table_fields(table: DictConfig, choice: str) -> None:
         )
 
 
+def _kind(value) -> str | None:
+    """``'list'``, ``'mapping'`` or ``None`` (a scalar or null) for a plain config value."""
+    if isinstance(value, list | tuple):
+        return "list"
+    return "mapping" if isinstance(value, dict) else None
+
+
+def _flow(value) -> str:
+    """A config value as the command line writes it: ``[0.1, 0.5]``, ``{T: 0.95, S: 100}``."""
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_flow(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_flow(v)}" for k, v in value.items()) + "}"
+    return "null" if value is None else str(value)
+
+
+def _check_kinds(value: dict, schema: dict, where: str) -> None:
+    """Refuse a field of ``value`` that is not a list where ``schema`` (the table's config
+    file) has a list, or not a mapping where it has a mapping; the same inside mappings
+    and for the items of a list whose every item is a list (or every item a mapping)."""
+    for key, default in schema.items():
+        if key not in value:
+            continue
+        want, got, field = _kind(default), value[key], f"{where}.{key}"
+        if want is None or (want == "list" and got is None and default == []):
+            continue
+        example = _flow(default)
+        if len(example) > 60:
+            example = example[:57] + "..."
+        what = "a list" if want == "list" else "a mapping"
+        require(_kind(got) == want, field, f"{what} (as its default, {example})", got)
+        if want == "mapping":
+            _check_kinds(got, default, field)
+            continue
+        kinds = {_kind(item) for item in default}
+        if len(kinds) == 1 and None not in kinds:
+            (item_kind,) = kinds
+            for i, item in enumerate(got):
+                what = "list" if item_kind == "list" else "mapping"
+                require(_kind(item) == item_kind, f"{field}[{i}]", f"a {what}", item)
+                if item_kind == "mapping" and len(default) and isinstance(default[0], dict):
+                    _check_kinds(item, default[0], f"{field}[{i}]")
+
+
+def check_table_kinds(table: DictConfig, choice: str) -> None:
+    """Refuse a scalar where the table's config file has a list (``table.weights=0.5`` for
+    ``weights: [1.0]``), or a mapping: every table's list and mapping settings are checked
+    against ``configs/table/<choice>.yaml`` before the table runs (its ``smoke`` block
+    against the same fields), so a table never iterates over a number.
+
+    Raises:
+      ValueError: ``table.<field> must be a list (as its default, [1.0]); got 0.5``.
+    """
+    path = CONFIG_DIR / "table" / f"{choice}.yaml"
+    if not path.is_file():
+        return
+    schema = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    schema.pop("defaults", None)
+    value = OmegaConf.to_container(table, resolve=True)
+    smoke = schema.pop("smoke", None)
+    _check_kinds(value, schema, "table")
+    if isinstance(value.get("smoke"), dict):
+        _check_kinds(value["smoke"], {**schema, **(smoke or {})}, "table.smoke")
+    elif "smoke" in value and value["smoke"] is not None:
+        require(False, "table.smoke", "a mapping of the fields a smoke run changes", value["smoke"])
+
+
 def resolve_runner(table_cfg: DictConfig):
     """The ``run`` function of a table config.
 
@@ -98,10 +166,12 @@ def check_table(cfg: DictConfig):
 
     Raises:
       ValueError: as :func:`require_table`, :func:`check_table_fields`,
-        :func:`resolve_runner`.
+        :func:`check_table_kinds`, :func:`resolve_runner`.
     """
     table = require_table(cfg)
-    check_table_fields(table, HydraConfig.get().runtime.choices.get("table"))
+    choice = HydraConfig.get().runtime.choices.get("table")
+    check_table_fields(table, choice)
+    check_table_kinds(table, choice)
     return resolve_runner(table)
 
 

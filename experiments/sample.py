@@ -25,7 +25,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from experiments.common import clean_errors, hydra_app
+from experiments.common import clean_errors, console_to_log, hydra_app
 from experiments.runs import TrainingFreeRun, configure_jax, read_config, run_kind
 from experiments.runs.layout import display_path
 from experiments.schema import register_configs
@@ -51,6 +51,7 @@ def sampler_of(cfg: DictConfig):
     return kind, kind.sampler_config(cfg, read_config(cfg.run_dir), overrides)
 
 
+@console_to_log
 @clean_errors
 def run_sampling(cfg: DictConfig) -> Path:
     configure_jax()

@@ -508,6 +508,131 @@ class EvaluateConfig:
     sampler: Any = MISSING
     seed: int = 0
     cache_dir: str | None = None  # classifier cache; default $SCORELIB_CACHE or ~/.cache/scorelib
+    reuse: bool = False  # true: print the saved evaluation of these samples (same seed) if any
+
+
+# --- experiments.reconstruct: inverse problems on a trained run ---------------------
+
+
+@dataclass
+class TaskConfig:
+    """Fields of every ``task`` option of ``experiments.reconstruct`` (``configs/task/``): the
+    measurement ``y = A x0 + sigma_y n`` of held-out clean examples. Each option's schema
+    fixes ``name`` and adds its operator's parameters (``scorelib.operators``, whose
+    constructors check their ranges)."""
+
+    name: str = MISSING  # denoise | inpaint_box | inpaint_random | downsample | blur | cs | ...
+    sigma_y: float = 0.05  # measurement noise std, data units (images in [-1, 1]), >= 0
+    num_images: int = 25  # held-out clean examples measured (the run's test split, in order)
+    # posterior draws per measurement (>= 2); 19: the 90% interval is exactly the smallest to
+    # the largest draw, so calibrated draws cover 90% (scorelib.metrics.calibrated_coverage)
+    draws: int = 19
+    seed: int = 0  # the measurement noise and the random masks / projections
+    # a .npz whose `y` is [num_images, m] measurements to reconstruct (and, optionally, `x0`
+    # their clean examples), e.g. an earlier reconstruction's measurements.npz; the operator
+    # is this task's (same seed: same mask or projection)
+    measurements: str | None = None
+
+
+@dataclass
+class DenoiseTaskConfig(TaskConfig):
+    name: str = "denoise"  # A = I
+
+
+@dataclass
+class InpaintBoxTaskConfig(TaskConfig):
+    name: str = "inpaint_box"  # a centred box missing (images)
+    box: list[int] = dataclasses.field(default_factory=lambda: [4, 4])  # [h, w] in pixels
+
+
+@dataclass
+class InpaintRandomTaskConfig(TaskConfig):
+    name: str = "inpaint_random"  # random pixels kept (all their channels)
+    keep: float = 0.25  # the fraction of pixels kept, in (0, 1]
+
+
+@dataclass
+class DownsampleTaskConfig(TaskConfig):
+    name: str = "downsample"  # box average over factor x factor blocks (images)
+    factor: int = 2  # divides H and W
+
+
+@dataclass
+class BlurTaskConfig(TaskConfig):
+    name: str = "blur"  # Gaussian blur, zero boundary (images; no SVD: not with ddrm)
+    std: float = 1.0  # the kernel's std in pixels, > 0
+    size: int | None = None  # its odd width <= min(H, W); null: 2 ceil(3 std) + 1
+
+
+@dataclass
+class CSTaskConfig(TaskConfig):
+    name: str = "cs"  # compressed sensing: a random N(0, 1/m) Gaussian matrix
+    m: int | None = None  # measurements, in 1..d; null: d // 4 (at least 1)
+
+
+@dataclass
+class ColouriseTaskConfig(TaskConfig):
+    name: str = "colourise"  # RGB to grey by the channel mean (RGB images only)
+
+
+@dataclass
+class SensorsTaskConfig(TaskConfig):
+    """Sparse-sensor super-resolution: a downsampled image (noise ``sigma_y``) and a fraction
+    of random pixels (noise ``sigma_y_points``) in one posterior (``Measurement.stack``; no
+    SVD: not with ddrm)."""
+
+    name: str = "sensors"
+    factor: int = 2  # the low-resolution image's block side
+    keep: float = 0.1  # the fraction of pixels observed as points, in (0, 1]
+    sigma_y_points: float = 0.01  # the points' noise std, data units, >= 0
+
+
+#: ``task=<name>`` -> its schema.
+TASK_SCHEMAS = {
+    "denoise": DenoiseTaskConfig,
+    "inpaint_box": InpaintBoxTaskConfig,
+    "inpaint_random": InpaintRandomTaskConfig,
+    "downsample": DownsampleTaskConfig,
+    "blur": BlurTaskConfig,
+    "cs": CSTaskConfig,
+    "colourise": ColouriseTaskConfig,
+    "sensors": SensorsTaskConfig,
+}
+
+
+@dataclass
+class MethodConfig:
+    """``method`` of ``experiments.reconstruct``: the posterior samplers run one after the
+    other on the same measurements (``scorelib.scores.measured``); an option is refused when
+    no chosen method uses it (``METHOD_OPTIONS``)."""
+
+    # projection | dps | pigdm | ddrm (ddrm: operators with an SVD and one sigma_y)
+    names: list[str] = dataclasses.field(default_factory=lambda: ["projection", "pigdm"])
+    zeta: float | None = None  # dps: its step in score units (required with dps), >= 0
+    sigma_data: float | None = None  # pigdm: the data std of r_t^2; null: the run's data's
+    eta: float | None = None  # ddrm: in [0, 1]; null: 0.85 (the paper's)
+    eta_b: float | None = None  # ddrm: in [0, 1]; null: 1.0
+
+
+#: ``method.<option>`` -> the methods that use it.
+METHOD_OPTIONS = {
+    "zeta": ("dps",),
+    "sigma_data": ("pigdm",),
+    "eta": ("ddrm",),
+    "eta_b": ("ddrm",),
+}
+
+
+@dataclass
+class ReconstructConfig:
+    """The primary config of ``experiments.reconstruct``."""
+
+    run_dir: str = MISSING  # a score training run directory (experiments.train)
+    step: int | None = None  # checkpoint step; None: the latest
+    use_ema: bool = True
+    task: Any = MISSING
+    method: MethodConfig = dataclasses.field(default_factory=MethodConfig)
+    sampler: Any = MISSING  # sampler=run (the run's own) or sampler=<name>
 
 
 #: ``(group, option) -> schema``: what each ``configs/<group>/<option>.yaml`` starts from.
@@ -540,6 +665,8 @@ def group_schemas() -> dict[tuple[str, str], type]:
     out[("sampler", "cfdm")] = CFDMSamplerConfig
     out[("score", "cfdm")] = CFDMScoreConfig
     out[("score", "rdmc")] = RDMCScoreConfig
+    for name, typ in TASK_SCHEMAS.items():
+        out[("task", name)] = typ
     # objective=ce | dlsm of experiments.train_classifier (their module imports this one)
     from experiments.classifier_schema import classifier_group_schemas
 
@@ -556,6 +683,8 @@ def describe_schema(schema: type) -> str | None:
         TrainConfig: "experiments.train",
         SampleConfig: "experiments.sample",
         EvaluateConfig: "experiments.evaluate",
+        ReconstructConfig: "experiments.reconstruct",
+        MethodConfig: "method",
     }
     if schema in named:
         return named[schema]
@@ -597,6 +726,7 @@ def register_configs() -> None:
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="sample_schema", node=SampleConfig)
     cs.store(name="evaluate_schema", node=EvaluateConfig)
+    cs.store(name="reconstruct_schema", node=ReconstructConfig)
     # experiments.train_classifier's primary schema and run name (its module imports this one)
     from experiments.classifier_schema import register_classifier_configs
 

@@ -33,7 +33,13 @@ from omegaconf import DictConfig, OmegaConf
 from experiments.build import MATMUL_PRECISION, Data
 from experiments.common import write_run_info
 from experiments.runs.cluster import start_devices, train_loop
-from experiments.runs.evaluation import evaluate_and_write, load_samples
+from experiments.runs.evaluation import (
+    eval_paths,
+    evaluate_and_write,
+    load_samples,
+    sample_meta,
+    saved_evaluation,
+)
 from experiments.runs.identity import check_same_run, exclusive
 from experiments.runs.layout import (
     count_nonfinite,
@@ -322,14 +328,33 @@ class TrainedRun(Run):
         }
         return self.write_samples(x, meta, run_dir, step=step, use_ema=use_ema, labels=labels)
 
-    def evaluate_samples(self, out: Path, *, seed: int = 0) -> dict:
+    def saved_samples(self, state, run_dir: Path, *, use_ema: bool = True) -> Path | None:
+        """The directory of the samples :meth:`save_samples` would draw from ``state`` when
+        they were drawn before (``samples.npz``, ``.json`` and ``.png`` there, from the same
+        checkpoint step and weights; the name holds every other field they depend on), else
+        ``None``."""
+        step = int(parallel.to_host(state.step))
+        out = samples_dir(run_dir, self.samples_name(self.sampling, use_ema), step)
+        if not all((out / f).is_file() for f in ("samples.npz", "samples.json", "samples.png")):
+            return None
+        meta = sample_meta(out / "samples.npz")
+        return (
+            out if (meta.get("checkpoint_step"), meta.get("use_ema")) == (step, use_ema) else None
+        )
+
+    def evaluate_samples(self, out: Path, *, seed: int = 0) -> dict | None:
         """Evaluate the samples in ``out`` as ``experiments.evaluate`` would (2-D and target
-        data: against fresh data, beside another draw of it and the prior)."""
+        data: against fresh data, beside another draw of it and the prior); an evaluation of
+        them with ``seed`` written after them is printed instead (``None`` returned)."""
+        title = f"{self.cfg.name}: {display_path(out)}"
+        saved = saved_evaluation(out / "samples.npz", seed)
+        if saved is not None:
+            md = display_path(eval_paths(out / "samples.npz")[1])
+            print(f"\n{title}\n\n{saved}\n\nevaluation: {md} (of these samples, earlier)")
+            return None
         x = load_samples(out / "samples.npz")
         prior = np.asarray(self.process.prior_sample(jax.random.key(seed), x.shape))
-        return evaluate_and_write(
-            x, self.data, out, seed=seed, prior=prior, title=f"{self.cfg.name}: {display_path(out)}"
-        )
+        return evaluate_and_write(x, self.data, out, seed=seed, prior=prior, title=title)
 
     @classmethod
     def find_samples(cls, cmd: DictConfig, overrides: list[str]) -> Path:
@@ -509,11 +534,21 @@ def train_and_sample(kind: type[TrainedRun], cfg: DictConfig, run_dir: Path) -> 
     """What ``experiments.train`` and ``experiments.distill`` do: :func:`train_run`, then
     (process 0 alone) draw the run's samples from the EMA parameters, print where they are
     and whether they are good: the evaluation of 2-D and target samples (a second), the
-    ``experiments.evaluate`` command for images. Returns ``run_dir``."""
+    ``experiments.evaluate`` command for images. Samples this checkpoint and sampler drew
+    before (a finished run's command run again, ``make demo``) are reused, and said to be.
+    Returns ``run_dir``."""
     run, state = train_run(kind, cfg, run_dir)
     if jax.process_index() == 0:
-        out = run.save_samples(state, run_dir)
-        print(f"run directory: {display_path(run_dir)}\nsamples: {display_path(out)}")
+        out = run.saved_samples(state, run_dir)
+        if out is None:
+            out = run.save_samples(state, run_dir)
+            print(f"run directory: {display_path(run_dir)}\nsamples: {display_path(out)}")
+        else:
+            print(
+                f"run directory: {display_path(run_dir)}\nsamples: {display_path(out)} (drawn "
+                "earlier from this checkpoint with this sampler: reused; experiments.sample "
+                "draws anew)"
+            )
         if run.data.images is None:  # points: the evaluation takes a second, show it
             run.evaluate_samples(out)
         else:

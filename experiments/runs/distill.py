@@ -8,7 +8,8 @@ a data set's training split, or that split's exact (empirical) score; without a 
 network the student and the fake score are fresh ``model`` networks and the discriminator
 has its own backbone. What this kind adds to the lifecycle (:mod:`experiments.runs.base`):
 the teacher and the networks, the :class:`scorelib.distill.DistillState` it checkpoints
-whole, one-step sampling (``samples/step<k>/onestep_1_n<num>_seed<seed>``), and, for
+whole, one-step sampling (``samples/step<k>/onestep_1_n<num>_seed<seed>``; with a refining
+stage ``onestep_nfe2_...``: its two network evaluations), and, for
 evaluation, the teacher's data.
 
 Conditioning comes from the teacher: a teacher run trained class-conditionally (its
@@ -63,16 +64,26 @@ class OneStep:
     """One-step sampling of the student: ``num_samples`` samples, drawn ``batch_size`` at a
     time (the samples do not depend on it), example ``b`` from ``fold_in(key(seed), b)``;
     ``labels`` is ``sampler.labels`` as given (``None``: none given; a class-conditional
-    student then draws :data:`DEFAULT_LABELS`)."""
+    student then draws :data:`DEFAULT_LABELS`); ``nfe`` the network evaluations of a sample
+    (2 with a refining stage, ``distill.sigma_refine``: still one step)."""
 
     num_samples: int
     batch_size: int
     seed: int
     labels: Any = None
+    nfe: int = 1
+
+    @property
+    def head(self) -> str:
+        """How the samples' directory name starts: ``onestep_1`` (one step, one network
+        evaluation), ``onestep_nfe2`` with a refining stage."""
+        return "onestep_1" if self.nfe == 1 else f"onestep_nfe{self.nfe}"
 
     @property
     def record(self) -> dict:
         out = {"name": "onestep", "steps": 1, "num_samples": self.num_samples, "seed": self.seed}
+        if self.nfe != 1:
+            out["nfe"] = self.nfe
         if self.labels is not None:
             out["labels"] = self.labels
         return out
@@ -603,9 +614,10 @@ class DistillRun(TrainedRun):
     @classmethod
     def samples_name(cls, sampling: OneStep, use_ema: bool = True) -> str:
         """``onestep_1_n<num>_seed<seed>[+labels-<labels>][+use_ema-false]`` (``labels`` when
-        ``sampler.labels`` is given: a list joined by ``_``)."""
+        ``sampler.labels`` is given: a list joined by ``_``); ``onestep_nfe2_...`` for a
+        student with a refining stage (one step, two network evaluations)."""
         return samples_name(
-            "onestep_1",
+            sampling.head,
             num_samples=sampling.num_samples,
             seed=sampling.seed,
             extras=conditioning_name_parts(sampling.record),
@@ -623,6 +635,7 @@ class DistillRun(TrainedRun):
             batch_size=check_int(sc.batch_size, "sampler.batch_size", low=1),
             seed=check_int(sc.seed, "sampler.seed", low=0),
             labels=labels,
+            nfe=distill.generator_nfe((cfg.get("distill") or {}).get("sigma_refine")),
         )
 
     @classmethod

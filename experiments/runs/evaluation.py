@@ -1,5 +1,5 @@
 """Evaluating a run's samples: every metric beside its floor and a baseline, written as
-``eval.json`` and ``eval.md`` beside the samples.
+``eval_<stem>.json`` and ``eval_<stem>.md`` beside the samples file ``<stem>.npz``.
 
 Images (digits, MNIST subset), after clipping and quantising the samples to the data's
 grey levels: FD in classifier features, the classifier two-sample test and precision/recall
@@ -17,6 +17,7 @@ import contextlib
 import json
 import math
 import os
+import zipfile
 from pathlib import Path
 
 import jax
@@ -760,22 +761,110 @@ def format_points_table(r: dict) -> str:
     return "\n".join(lines)
 
 
+#: What a samples file must be (the messages of :func:`load_samples` say it).
+NPZ_EXPECTED = (
+    "a .npz file with an array named 'samples' (numpy.savez(path, samples=x), as "
+    "experiments.sample writes)"
+)
+
+
+def _open_npz(path: Path):
+    """``np.load(path)`` of a ``.npz`` (no pickled objects), or a ValueError naming
+    ``samples=`` and what the file is instead."""
+    where = f"samples={path}"
+    if not zipfile.is_zipfile(path):
+        with open(path, "rb") as f:
+            npy = f.read(6) == b"\x93NUMPY"
+        what = "a .npy array" if npy else "a file that is not a .npz (zip) archive"
+        raise ValueError(f"{where} must be {NPZ_EXPECTED}; got {what}")
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as e:
+        raise ValueError(f"{where} must be {NPZ_EXPECTED}; it cannot be read: {e}") from None
+
+
 def load_samples(path: Path) -> np.ndarray:
-    """The ``samples`` array of a ``.npz``.
+    """The ``samples`` array of a ``.npz`` (dtype, shape and range are checked against the
+    run's data by :func:`check_samples`).
 
     Raises:
-      ValueError: naming ``samples=`` when the file is not a ``.npz`` with a ``samples`` array.
+      ValueError: naming ``samples=`` when the file is not a ``.npz`` (a ``.npy`` array, a
+        text file, a damaged archive), or holds no ``samples`` array, or holds it as
+        pickled objects.
     """
-    try:
-        with np.load(path) as z:
-            if "samples" not in z.files:
-                raise ValueError(
-                    f"samples={path} must hold an array named 'samples' (as experiments.sample "
-                    f"writes); it holds {z.files}"
-                )
+    with _open_npz(path) as z:
+        if "samples" not in z.files:
+            raise ValueError(
+                f"samples={path} must hold an array named 'samples' (as experiments.sample "
+                f"writes); it holds {z.files}"
+            )
+        try:
             return z["samples"]
-    except (OSError, EOFError) as e:
-        raise ValueError(f"samples={path} must be a .npz file: {e}") from e
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+            raise ValueError(
+                f"samples={path} must hold 'samples' as a numeric array; it cannot be read "
+                f"without unpickling objects ({e})"
+            ) from None
+
+
+#: How far beyond the data's [-1, 1] an image sample may lie (:func:`check_samples`): a
+#: model's raw samples overshoot it before the evaluation clips them (-2.3 .. 1.8 after 40
+#: training steps of experiment=digits_edm); images on another scale (0 .. 16, 0 .. 255) lie
+#: far beyond it.
+IMAGE_OVERSHOOT = 2.0
+
+
+def check_samples(samples, data: Data, where: str) -> np.ndarray:
+    """``samples`` checked against the run's data before anything is computed: float
+    ``[n, *data.data_shape]``, finite, and for images on the data's scale (values within
+    ``[-1, 1]`` widened by :data:`IMAGE_OVERSHOOT`, and some below 0 where the data's
+    images are: a file in ``[0, 1]`` is refused, not evaluated as a broken model). 2-D data
+    and targets: any finite floats (their range is the target's).
+
+    Args:
+      samples: the array of the samples file.
+      data: the run's data (``experiments.build.Data``).
+      where: what the messages name (``samples=<file>``).
+
+    Returns:
+      ``samples`` as a numpy array.
+
+    Raises:
+      ValueError: one line naming ``where``, what it holds and what is expected.
+    """
+    x = np.asarray(samples)
+    shape = tuple(int(s) for s in data.data_shape)
+    dims = ", ".join(str(s) for s in shape)
+    images = data.images is not None
+    if images:
+        want = f"float images [n, {dims}] in [-1, 1], the data's range"
+    else:
+        want = f"float points [n, {dims}], the data's shape"
+    if not np.issubdtype(x.dtype, np.floating):
+        got = f"dtype {x.dtype}"
+        if x.size and (np.issubdtype(x.dtype, np.number) or x.dtype == bool):
+            got += f" with values in [{np.min(x)}, {np.max(x)}]"
+        raise ValueError(f"{where} must hold {want}; got {got}")
+    if x.ndim != len(shape) + 1 or tuple(x.shape[1:]) != shape or len(x) == 0:
+        raise ValueError(f"{where} must hold {want}; got shape {x.shape}")
+    try:
+        check_finite(x)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    if images:
+        lo, hi = float(np.min(x)), float(np.max(x))
+        got = f"got values in [{lo:.4g}, {hi:.4g}]"
+        if lo < -1 - IMAGE_OVERSHOOT or hi > 1 + IMAGE_OVERSHOOT:
+            raise ValueError(
+                f"{where} must hold {want} (a model's samples may overshoot it by up to "
+                f"{IMAGE_OVERSHOOT:g}: evaluation clips them); {got}: map them to [-1, 1]"
+            )
+        if lo >= 0 and float(np.min(data.images.train)) < -0.5:
+            raise ValueError(
+                f"{where} must hold {want}; {got}, none below 0 where the data's images "
+                "reach -1 (images in [0, 1]? give 2 x - 1)"
+            )
+    return x
 
 
 def load_labels(path: Path) -> np.ndarray | None:
@@ -786,13 +875,13 @@ def load_labels(path: Path) -> np.ndarray | None:
       ValueError: naming ``samples=`` when the file is not a ``.npz``, or its labels are not
         ``[n]`` integers, one per sample.
     """
-    try:
-        with np.load(path) as z:
-            if "labels" not in z.files:
-                return None
+    with _open_npz(path) as z:
+        if "labels" not in z.files:
+            return None
+        try:
             labels, n = z["labels"], (z["samples"].shape[0] if "samples" in z.files else None)
-    except (OSError, EOFError) as e:
-        raise ValueError(f"samples={path} must be a .npz file: {e}") from e
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+            raise ValueError(f"samples={path}: labels must be [n] integer classes; {e}") from None
     if n is not None and (labels.shape != (n,) or not np.issubdtype(labels.dtype, np.integer)):
         raise ValueError(
             f"samples={path}: labels must be [{n}] integer classes (one per sample); "
@@ -810,20 +899,50 @@ def sample_meta(path: Path) -> dict:
 
 
 def describe_samples(path: Path) -> str:
-    """``'<path> (heun, 18 steps, checkpoint step 12000, EMA weights)'``: how the samples in
-    ``path`` were drawn, from the ``samples.json`` beside them (just the path without one)."""
+    """``'<path> (heun, 18 steps, NFE 35, checkpoint step 12000, EMA weights)'``: how the
+    samples in ``path`` were drawn, from the ``samples.json`` beside them (just the path
+    without one)."""
     meta = sample_meta(path)
     if not meta:
         return display_path(path)
     sampler = meta.get("sampler") or {}
     parts = [str(sampler.get("name", "?"))]
-    if sampler.get("steps") is not None:
-        parts.append(f"{sampler['steps']} steps")
+    steps = sampler.get("steps")
+    if steps is not None:
+        parts.append(f"{steps} step" + ("" if steps == 1 else "s"))
+    if meta.get("nfe") is not None:
+        parts.append(f"NFE {meta['nfe']}")
     if meta.get("checkpoint_step") is not None:
         parts.append(f"checkpoint step {meta['checkpoint_step']}")
     if "use_ema" in meta:
         parts.append("EMA weights" if meta["use_ema"] else "raw weights")
     return f"{display_path(path)} ({', '.join(parts)})"
+
+
+def eval_paths(samples_path: Path) -> tuple[Path, Path]:
+    """``(eval_<stem>.json, eval_<stem>.md)`` beside the samples file ``samples_path``: every
+    evaluation is named by the file it evaluates (``samples.npz``: ``eval_samples.json``),
+    so evaluating ``a.npz`` and then ``b.npz`` of one directory keeps both."""
+    p = Path(samples_path)
+    return p.with_name(f"eval_{p.stem}.json"), p.with_name(f"eval_{p.stem}.md")
+
+
+def saved_evaluation(samples_path: Path, seed: int) -> str | None:
+    """The table (``eval_<stem>.md``) of an earlier evaluation of ``samples_path`` with the
+    same ``seed`` that is newer than the samples file, or ``None`` (no such evaluation,
+    another seed, samples written since, or an evaluation written before the seed was
+    recorded)."""
+    json_path, md_path = eval_paths(samples_path)
+    try:
+        if min(json_path.stat().st_mtime, md_path.stat().st_mtime) < (
+            Path(samples_path).stat().st_mtime
+        ):
+            return None
+        if json.loads(json_path.read_text()).get("seed") != seed:
+            return None
+        return md_path.read_text().rstrip("\n")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def evaluate_and_write(
@@ -841,10 +960,12 @@ def evaluate_and_write(
     rows: dict | None = None,
     nfe: int | None = None,
     labels: np.ndarray | None = None,
+    stem: str = "samples",
 ) -> dict:
     """Evaluate ``samples`` against ``data`` (:func:`evaluate_images` for image data,
-    :func:`evaluate_points` against ``data.reference`` otherwise), write ``eval.json`` and
-    ``eval.md`` into ``out_dir`` and print the table under ``title``.
+    :func:`evaluate_points` against ``data.reference`` otherwise), write ``eval_<stem>.json``
+    and ``eval_<stem>.md`` into ``out_dir`` (:func:`eval_paths`) and print the table under
+    ``title``. An earlier evaluation of the same file is replaced, and the console says so.
 
     Args:
       samples: ``[n, *data_shape]``.
@@ -859,18 +980,19 @@ def evaluate_and_write(
       train: ``[N, d]`` the training points of a training-free score (2-D data: the
         memorisation statistics).
       title: printed above the table.
-      extra: more fields for ``eval.json`` (e.g. the samples' path; for points,
+      extra: more fields for ``eval_<stem>.json`` (e.g. the samples' path; for points,
         ``target_evaluations`` and ``nfe`` are also printed under the table).
       rows: image data: ``{label: (nfe, samples)}`` of other samplers (a student's
         teacher) evaluated the same way and shown beside ``samples`` in one table
-        (:func:`format_comparison`); their results go to ``eval.json`` under ``rows``.
+        (:func:`format_comparison`); their results go to the JSON file under ``rows``.
       nfe: the network evaluations per sample of ``samples`` (for that table).
       labels: ``[n]`` int class of each sample (conditional samples): image data add the
         accuracy and per-class rows (:func:`conditional_rows`); 2-D data and targets are
         evaluated as before, with a line saying the labels were not used.
+      stem: the name of the samples file without ``.npz`` (what the outputs are named by).
 
     Returns:
-      the result dict (also in ``eval.json``).
+      the result dict (also in ``eval_<stem>.json``, with ``seed``).
 
     Raises:
       ValueError: as :func:`evaluate_images` / :func:`evaluate_points`.
@@ -911,7 +1033,14 @@ def evaluate_and_write(
                 "for images only."
             )
     result.update(extra or {})
-    atomic_write_text(Path(out_dir) / "eval.json", json.dumps(result, indent=2))
-    atomic_write_text(Path(out_dir) / "eval.md", table + "\n")
+    result["seed"] = int(seed)
+    json_path, md_path = eval_paths(Path(out_dir) / f"{stem}.npz")
+    replaced = json_path.exists() or md_path.exists()
+    atomic_write_text(json_path, json.dumps(result, indent=2))
+    atomic_write_text(md_path, table + "\n")
     print(f"\n{title}\n\n{table}\n")
+    print(
+        f"evaluation: {display_path(md_path)} and {json_path.name}"
+        + (" (replacing an earlier evaluation of these samples)" if replaced else "")
+    )
     return result

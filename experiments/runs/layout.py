@@ -31,11 +31,41 @@ def read_config(run_dir: str | Path) -> DictConfig:
     """
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
+        free = training_free_samples(run_dir)
+        if free is not None:
+            raise FileNotFoundError(
+                f"run_dir={run_dir} is a training-free run (score={free['score']}; no "
+                f"config.yaml, no checkpoint): draw it again with {free['command']}"
+            )
         raise FileNotFoundError(
             f"{path}: not found; run_dir must be a training run directory (written by "
             "experiments.train or experiments.distill)"
         )
     return OmegaConf.load(path)
+
+
+def training_free_samples(run_dir: str | Path) -> dict | None:
+    """``{"score", "command"}`` of the newest samples of a training-free run in ``run_dir``
+    (``samples/<name>/samples.json`` with a ``score``, as ``experiments.sample
+    experiment=cfdm_*`` or ``rdmc_*`` writes them): the score's name and the command that
+    draws them again (the recorded one; for samples written before it was recorded, the
+    preset named by their title). ``None`` when ``run_dir`` holds none."""
+    found = []
+    for meta_path in Path(run_dir).glob("samples/*/samples.json"):
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(meta, dict) and isinstance(meta.get("score"), dict):
+            found.append((meta_path.stat().st_mtime, meta))
+    if not found:
+        return None
+    meta = max(found, key=lambda f: f[0])[1]
+    command = meta.get("command")
+    if not command:
+        name = str(meta.get("title") or "").split(":", 1)[0] or Path(run_dir).name
+        command = f"python -m experiments.sample experiment={name} run_dir={run_dir}"
+    return {"score": meta["score"].get("name", "?"), "command": command}
 
 
 def saved_steps(run_dir: str | Path) -> list[int]:

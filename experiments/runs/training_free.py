@@ -4,7 +4,7 @@
 A score that needs no training needs no checkpoint: :class:`TrainingFreeRun` builds it from
 ``cfg.score`` and ``cfg.data`` (and ``cfg.process``), draws samples and writes, under
 ``<run_dir>/samples/<name>``, the samples (``samples.npz``/``.json``/``.png``) and their
-evaluation (``eval.json``/``eval.md``: FD and memorisation for images, energy distance and
+evaluation (``eval_samples.json``/``.md``: FD and memorisation for images, energy distance and
 sliced W2 against exact data beside another draw of the data and the prior for points), as
 ``experiments.sample`` and ``experiments.evaluate`` do for a trained run. Two scores:
 
@@ -37,6 +37,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from experiments import build, schema
+from experiments.common import command_line
 from experiments.runs.base import Run
 from experiments.runs.evaluation import evaluate_and_write
 from experiments.runs.layout import display_path, fmt_value, samples_name
@@ -351,6 +352,7 @@ class TrainingFreeRun(Run):
             **({"process": s.process} if isinstance(s, RDMCSampling) else {}),
             **info,
             "title": self.title(info),
+            "command": command_line(),  # read when run_dir is given to sample or evaluate
         }
         out = self.write_samples(x, meta, run_dir, step=None)
         prior = np.asarray(self.process.prior_sample(jax.random.key(s.seed), x.shape))

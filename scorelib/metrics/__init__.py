@@ -4,7 +4,11 @@ against their labels and both tests per class), mode coverage of a known mixture
 likelihood and bits/dim, memorisation, the estimators the tables report (relative score
 error, explained fraction, label variance), the asymmetry of a score's Jacobian (QCSBM) and
 out-of-distribution detection by multiscale score norms (MSMA), and a noise-conditional
-classifier's guidance-gradient error and accuracy (``guidance.py``)."""
+classifier's guidance-gradient error and accuracy (``guidance.py``), and the estimators of
+inverse-problem reconstructions (``reconstruction.py``: PSNR, SSIM, central-interval coverage
+of posterior draws, the posterior std map, data consistency) and of posterior draws against a
+known Gaussian posterior (``posterior.py``: W2 of the Gaussian fit, its Monte-Carlo floor, the
+per-pixel std calibration)."""
 
 from scorelib.metrics.classifier import (
     ClassifierConfig,
@@ -42,11 +46,26 @@ from scorelib.metrics.ood import (
     ood_scores,
     score_norms,
 )
+from scorelib.metrics.posterior import gaussian_w2, gaussian_w2_floor, std_calibration
 from scorelib.metrics.precision_recall import knn_radii, precision_recall
+from scorelib.metrics.reconstruction import (
+    calibrated_coverage,
+    coverage,
+    data_consistency,
+    posterior_std,
+    psnr,
+    ssim,
+)
 from scorelib.metrics.score_error import explained_fraction, noisy_samples, relative_score_error
 from scorelib.metrics.two_sample import c2st, default_classifier
 
 __all__ = [
+    "calibrated_coverage",
+    "coverage",
+    "data_consistency",
+    "posterior_std",
+    "psnr",
+    "ssim",
     "ClassifierConfig",
     "NormDensity",
     "auroc",
@@ -68,6 +87,9 @@ __all__ = [
     "explained_fraction",
     "fd_features",
     "fd_floor",
+    "gaussian_w2",
+    "gaussian_w2_floor",
+    "std_calibration",
     "frechet_distance",
     "gaussian_stats",
     "knn_radii",

@@ -31,13 +31,12 @@ import jax.numpy as jnp
 
 from scorelib._checks import check_real, require
 from scorelib.samplers.driver import Sampler, StepRule
+from scorelib.scores.measured import MeasuredScore
 
 
 def _check_source(source) -> None:
     """Raises ValueError naming ``method.name`` unless ``source`` is a MeasuredScore whose
     operator has an SVD and whose measurement has one noise level."""
-    from scorelib.scores.measured import MeasuredScore
-
     require(
         isinstance(source, MeasuredScore),
         "source",

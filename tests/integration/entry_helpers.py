@@ -31,6 +31,21 @@ TOY = [
     "sampler.batch_size=1000",
 ]
 TOY_SAMPLES = f"samples/step{TOY_STEPS}/euler_maruyama_100_n1000_seed0"
+# A 2-step digits score run: the digits_edm preset (Heun, sigma_min 0.1) with a tiny MLP and a
+# 2-step sampler (conftest.tiny_digits_run).
+TINY_DIGITS = [
+    "experiment=digits_edm",
+    "model=mlp",
+    "model.width=16",
+    "model.depth=1",
+    "model.emb_dim=8",
+    "trainer.steps=2",
+    "trainer.batch_size=16",
+    "trainer.ckpt_every=2",
+    "sampler.steps=2",
+    "sampler.num_samples=4",
+    "sampler.batch_size=4",
+]
 
 
 @dataclass

@@ -12,7 +12,7 @@ import os
 import numpy as np
 import pytest
 import yaml
-from entry_helpers import TOY, TOY_STEPS, copy_run, run, run_inprocess
+from entry_helpers import TOY, TOY_SAMPLES, TOY_STEPS, copy_run, run, run_inprocess
 
 pytestmark = pytest.mark.slow
 
@@ -64,10 +64,15 @@ def test_the_runs_own_sampler_changes_only_when_asked(toy_run, tmp_path, monkeyp
     e = run_inprocess("evaluate", f"run_dir={run_dir}")
     assert e.code == 0, e.stderr[-3000:]
     assert "evaluating " in e.stdout and "euler_maruyama_100_n1000_seed0" in e.stdout
-    assert f"(euler_maruyama, 100 steps, checkpoint step {TOY_STEPS}, EMA weights)" in e.stdout
-    # with the flag, this command's sampler becomes the run's own
+    assert (
+        f"(euler_maruyama, 100 steps, NFE 100, checkpoint step {TOY_STEPS}, EMA weights)"
+        in e.stdout
+    )
+    # with the flag, this command's sampler becomes the run's own; the finished run's
+    # samples of this sampler are reused, not drawn again (issue 39, item 7: make demo)
     r = run_inprocess("train", *other, "set_default_sampler=true")
     assert r.code == 0, r.stderr[-3000:]
+    assert "(drawn earlier from this checkpoint with this sampler: reused;" in r.stdout
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["sampler"]["t_max"] == 0.5
     assert r.stdout.count("run directory: outputs/toy_dsm\n") == 1, r.stdout
 
@@ -83,7 +88,7 @@ def test_training_says_whether_it_worked(tmp_path, monkeypatch):
     assert "| other draws of the data, as many points (floor; mean +- std of 8) |" in r.stdout
     assert "| prior draws (baseline) |" in r.stdout
     out = tmp_path / "outputs/toy_dsm/samples/step50/euler_maruyama_100_n1000_seed0"
-    result = json.loads((out / "eval.json").read_text())
+    result = json.loads((out / "eval_samples.json").read_text())
     assert result["energy_distance_floor"] < result["energy_distance_prior"]
 
 
@@ -119,8 +124,39 @@ def test_a_user_npz_run_is_evaluated_without_a_classifier(tmp_path):
     assert "No feature classifier is bundled for data 'npz'" in r.stdout
     for row in ("| samples |", "(floor)", "(baseline)", "C2ST pixels", "copy rate"):
         assert row in r.stdout, row
-    result = json.loads((tmp_path / "eval.json").read_text())
+    result = json.loads((tmp_path / "eval_samples.json").read_text())
     assert {"c2st_pixels_samples", "c2st_pixels_floor", "recall_pixels_samples"} <= set(result)
     assert {"sliced_w2_samples", "sliced_w2_floor", "mem_copy_rate"} <= set(result)
     assert "fd" not in result
-    assert os.path.isfile(tmp_path / "eval.md")
+    assert os.path.isfile(tmp_path / "eval_samples.md")
+
+
+def test_two_evaluations_in_one_directory_keep_both(toy_run, tmp_path):
+    """Each evaluation is named by the file it evaluates (issue 39, item 1): ``a.npz`` and
+    ``b.npz`` of one directory get ``eval_a.*`` and ``eval_b.*``; evaluating ``a.npz`` again
+    says it replaces its evaluation; ``reuse=true`` prints the saved one (same seed)."""
+    x = np.load(toy_run / TOY_SAMPLES / "samples.npz")["samples"]
+    np.savez(tmp_path / "a.npz", samples=x[:200])
+    np.savez(tmp_path / "b.npz", samples=x[200:400] * 1.5)
+
+    def evaluate(name, *more):
+        r = run_inprocess("evaluate", f"run_dir={toy_run}", f"samples={tmp_path / name}", *more)
+        assert r.code == 0, r.stderr[-3000:]
+        return r.stdout
+
+    assert "replacing" not in evaluate("a.npz") and "replacing" not in evaluate("b.npz")
+    a, b = (json.loads((tmp_path / f"eval_{k}.json").read_text()) for k in "ab")
+    assert a["samples"].endswith("a.npz") and b["samples"].endswith("b.npz")
+    assert a["energy_distance"] < b["energy_distance"] and a["seed"] == 0
+    assert (tmp_path / "eval_a.md").is_file() and (tmp_path / "eval_b.md").is_file()
+    assert not (tmp_path / "eval.json").exists()
+    out = evaluate("a.npz")
+    assert "eval_a.md and eval_a.json (replacing an earlier evaluation of these samples)" in out
+    stamp = (tmp_path / "eval_a.json").stat().st_mtime_ns
+    out = evaluate("a.npz", "reuse=true")
+    assert out.startswith("evaluated earlier: ") and "(reused: seed 0" in out, out
+    assert (tmp_path / "eval_a.md").read_text().strip() in out
+    assert (tmp_path / "eval_a.json").stat().st_mtime_ns == stamp  # nothing computed
+    out = evaluate("a.npz", "reuse=true", "seed=1")  # another seed: computed
+    assert "replacing an earlier evaluation" in out
+    assert json.loads((tmp_path / "eval_a.json").read_text())["seed"] == 1

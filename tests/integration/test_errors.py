@@ -7,11 +7,17 @@ The commands run in-process through each module's ``main()`` (the same code path
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 from entry_helpers import run, run_inprocess
+from omegaconf import OmegaConf
+
+from experiments.common import CONFIG_DIR
+from experiments.reproduce import table_names
 
 T, S, E, R = "train", "sample", "evaluate", "reproduce"
 
@@ -23,6 +29,29 @@ BAD_COMMANDS = [
     (R, ["table=tsm_low_nois"], "table must be one of"),
     (R, ["table=tsm_low_noise", "table.foo=1"], "table.foo"),
     (R, ["table=tsm_low_noise", "+table.foo=1"], "table.foo is not a field of table=tsm_low_noise"),
+    # a scalar where a table setting is a list (issue 39, item 3; every table: below)
+    (
+        R,
+        ["table=qcsbm", "table.weights=0.5"],
+        "table.weights must be a list (as its default, [1.0]); got 0.5",
+    ),
+    (
+        R,
+        ["table=sure", "table.noise_levels=0.2"],
+        "table.noise_levels must be a list (as its default, [0.2, 0.5]); got 0.2",
+    ),
+    (
+        R,
+        ["table=msma", "table.seeds=0"],
+        "table.seeds must be a list (as its default, [0, 1, 2]); got 0",
+    ),
+    (R, ["table=msma", "table.shifts=[1,0]"], "table.shifts[0] must be a list; got 1"),
+    (R, ["table=msma", "table.smoke.seeds=0"], "table.smoke.seeds must be a list"),
+    (
+        R,
+        ["table=cfdm", "table.sampler=3"],
+        "table.sampler must be a mapping (as its default, {T: 0.95, S: 100}); got 3",
+    ),
     (T, ["trainer.ema_decay=1.5"], "trainer.ema_decay must be a number in [0.0, 1.0)"),
     (
         T,
@@ -153,6 +182,32 @@ BAD_COMMANDS = [
         "no samples for these arguments; draw them with python -m experiments.sample run_dir=",
     ),
     (E, ["run_dir={run}", "samples={npz}", "sampler.seed=1"], "give one or the other"),
+    # bad samples files (issue 39, items 2 and 4): one line naming samples= and the file,
+    # before anything is computed (the image cases: test_evaluate_conditional.py)
+    (E, ["run_dir={run}", "samples={strings}"], "strings.npz must hold float points [n, 2]"),
+    (
+        E,
+        ["run_dir={run}", "samples={ints}"],
+        "must hold float points [n, 2], the data's shape; got dtype int64 with values in [0, 3]",
+    ),
+    (
+        E,
+        ["run_dir={run}", "samples={shape3}"],
+        "shape3.npz must hold float points [n, 2], the data's shape; got shape (50, 3)",
+    ),
+    (
+        E,
+        ["run_dir={run}", "samples={npy}"],
+        "array.npy must be a .npz file with an array named 'samples' (numpy.savez(path, "
+        "samples=x), as experiments.sample writes); got a .npy array",
+    ),
+    (
+        E,
+        ["run_dir={run}", "samples={text}"],
+        "text.npz must be a .npz file with an array named 'samples' (numpy.savez(path, "
+        "samples=x), as experiments.sample writes); got a file that is not a .npz (zip) archive",
+    ),
+    (E, ["run_dir={run}", "samples={nonfinite}"], "nonfinite.npz: 2 of 50 samples are not finite"),
     # refused before anything is written (issue 21, item 2): the run directory, and the
     # parents a missing run_dir would have made
     (T, ["trainer.nonfinite=ignore"], "trainer.nonfinite must be one of ['stop', 'skip']"),
@@ -180,7 +235,22 @@ BAD_COMMANDS = [
 def paths(toy_run, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("errors")
     np.savez(tmp / "no_samples.npz", images=np.zeros((3, 2)))
-    return {"run": toy_run, "missing": tmp / "no_such_run", "npz": tmp / "no_samples.npz"}
+    points = np.random.default_rng(0).normal(size=(50, 2)).astype(np.float32)
+    np.savez(tmp / "strings.npz", samples=np.array(["a", "b"]))
+    np.savez(tmp / "ints.npz", samples=np.arange(100).reshape(50, 2) % 4)
+    np.savez(tmp / "shape3.npz", samples=np.zeros((50, 3), np.float32))
+    np.save(tmp / "array.npy", points)
+    (tmp / "text.npz").write_text("x y\n1 2\n")
+    np.savez(tmp / "nonfinite.npz", samples=np.where(np.arange(50)[:, None] < 2, np.nan, points))
+    files = {k: tmp / f for k, f in [("npy", "array.npy"), ("text", "text.npz")]}
+    for k in ("strings", "ints", "shape3", "nonfinite"):
+        files[k] = tmp / f"{k}.npz"
+    return {
+        "run": toy_run,
+        "missing": tmp / "no_such_run",
+        "npz": tmp / "no_samples.npz",
+        **files,
+    }
 
 
 def _ids():
@@ -210,6 +280,51 @@ def test_bad_command_exits_2_with_one_line_naming_the_field(
     assert not paths["missing"].exists()
     after = sorted(p.relative_to(paths["run"]) for p in paths["run"].rglob("*"))
     assert after == before  # nothing written into the trained run
+
+
+def _a_list_setting(name: str) -> str | None:
+    """The first setting of ``configs/table/<name>.yaml`` whose default is a list."""
+    conf = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "table" / f"{name}.yaml"))
+    return next((k for k, v in conf.items() if isinstance(v, list)), None)
+
+
+@pytest.mark.parametrize("table", table_names())
+def test_every_tables_list_settings_refuse_a_scalar(table, tmp_path, monkeypatch):
+    """Each table's list settings are checked against its config file before it runs: a
+    scalar is one line naming the field, exit 2, nothing written (issue 39, item 3)."""
+    monkeypatch.chdir(tmp_path)
+    field = _a_list_setting(table)
+    if field is None:
+        pytest.skip(f"table={table} has no list setting")
+    r = run_inprocess("reproduce", f"table={table}", f"table.{field}=3")
+    assert r.code == 2, (r.code, r.stderr[-3000:])
+    assert len(r.err_lines) == 1, r.stderr[-3000:]
+    assert f"error: table.{field} must be a list (as its default, " in r.err_lines[0]
+    assert r.err_lines[0].endswith("; got 3"), r.err_lines[0]
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("module", [S, E])
+def test_a_training_free_run_is_named_with_the_command_that_draws_it(module, tmp_path, monkeypatch):
+    """``run_dir=`` of a training-free run (no config.yaml, no checkpoint) says what it is
+    and the command that draws it again, and writes nothing, not even a log in its existing
+    ``sample_logs/`` (issue 39, item 5)."""
+    monkeypatch.chdir(tmp_path)
+    run_dir = Path("outputs/cfdm_moons")
+    out = run_dir / "samples" / "cfdm_T0.95_S100_n64_seed0"
+    out.mkdir(parents=True)
+    (run_dir / "sample_logs" / "experiment-cfdm_moons").mkdir(parents=True)
+    command = f"python -m experiments.sample experiment=cfdm_moons run_dir={run_dir}"
+    meta = {"score": {"name": "cfdm"}, "title": "cfdm_moons: sigma-CFDM", "command": command}
+    (out / "samples.json").write_text(json.dumps(meta))
+    before = sorted(run_dir.rglob("*"))
+    r = run_inprocess(module, f"run_dir={run_dir}")
+    assert r.code == 2 and len(r.err_lines) == 1, r.stderr[-3000:]
+    assert r.err_lines[0] == (
+        f"error: run_dir={run_dir} is a training-free run (score=cfdm; no config.yaml, no "
+        f"checkpoint): draw it again with {command}"
+    )
+    assert sorted(run_dir.rglob("*")) == before
 
 
 def test_at_least_25_bad_commands():

@@ -60,7 +60,78 @@ def test_bad_labels_are_refused_in_one_line_naming_the_file(digits_run, tmp_path
         assert f"samples={samples}: labels must be" in r.err_lines[0]
     else:
         assert "class 3 has 2 of 60: draw more (sampler.num_samples)" in r.err_lines[0]
-    assert not (tmp_path / "eval.json").exists() and not (tmp_path / "eval.md").exists()
+    assert (
+        not (tmp_path / "eval_samples.json").exists()
+        and not (tmp_path / "eval_samples.md").exists()
+    )
+
+
+def _digits(kind):
+    x = load_digits().train[:60]
+    return {
+        "int": ((x + 1) * 8).round().astype(np.int64),  # the raw 0..16 digits
+        "0..16": (x + 1) * 8,
+        "0..1": (x + 1) / 2,
+        "shape": x[:, :4],
+        "strings": np.array(["a", "b"]),
+        "nan": np.where(np.arange(60)[:, None, None, None] < 3, np.nan, x),
+    }[kind]
+
+
+BAD_IMAGES = [
+    (
+        "int",
+        "must hold float images [n, 8, 8, 1] in [-1, 1], the data's range; got dtype "
+        "int64 with values in [0, 16]",
+    ),
+    (
+        "0..16",
+        "(a model's samples may overshoot it by up to 2: evaluation clips them); got "
+        "values in [0, 16]: map them to [-1, 1]",
+    ),
+    (
+        "0..1",
+        "got values in [0, 1], none below 0 where the data's images reach -1 (images in "
+        "[0, 1]? give 2 x - 1)",
+    ),
+    (
+        "shape",
+        "must hold float images [n, 8, 8, 1] in [-1, 1], the data's range; got shape (60, 4, 8, 1)",
+    ),
+    ("strings", "must hold float images [n, 8, 8, 1] in [-1, 1], the data's range; got dtype <U1"),
+    ("nan", ": 3 of 60 samples are not finite"),
+]
+
+
+@pytest.mark.parametrize("kind, expected", BAD_IMAGES, ids=[k for k, _ in BAD_IMAGES])
+def test_images_off_the_datas_convention_are_refused_before_any_compute(
+    digits_run, tmp_path, kind, expected
+):
+    """Integer digits, another scale, another shape, strings, NaN: one line naming
+    ``samples=`` and the file, what it holds and what is expected, before the classifier or
+    anything else runs (issue 39, items 2 and 4)."""
+    samples = tmp_path / f"{kind}.npz"
+    np.savez(samples, samples=_digits(kind))
+    r = run_inprocess("evaluate", f"run_dir={digits_run}", f"samples={samples}")
+    assert r.code == 2, (r.code, r.stderr[-3000:])
+    assert len(r.err_lines) == 1, r.stderr[-3000:]
+    assert r.err_lines[0].startswith(f"error: samples={samples}"), r.err_lines[0]
+    assert expected in r.err_lines[0], r.err_lines[0]
+    assert r.stdout == "" and "evaluating" not in r.stderr  # nothing computed
+    assert sorted(p.name for p in tmp_path.iterdir()) == [samples.name]
+
+
+def test_a_models_overshoot_is_not_refused(digits_run, tmp_path):
+    """A model's raw samples overshoot [-1, 1] (the evaluation clips them): checked, not
+    refused."""
+    from experiments.build import build_data
+    from experiments.runs.evaluation import check_samples
+
+    data = build_data(OmegaConf.load(digits_run / "config.yaml"))
+    x = load_digits().train[:60] * 2.2  # -2.2 .. 2.2
+    assert check_samples(x, data, "samples=x") is not None
+    with pytest.raises(ValueError, match=r"^samples=x must hold float images .* got values in "):
+        check_samples(x * 2, data, "samples=x")
 
 
 def test_labels_are_read_when_present(tmp_path):
@@ -80,7 +151,7 @@ def test_evaluate_command_reports_the_conditional_rows(digits_run, tmp_path):
     np.savez(samples, samples=d.train[:359], labels=d.train_labels[:359])
     r = run_inprocess("evaluate", f"run_dir={digits_run}", f"samples={samples}")
     assert r.code == 0, r.stderr[-3000:]
-    result = json.loads((tmp_path / "eval.json").read_text())
+    result = json.loads((tmp_path / "eval_samples.json").read_text())
     # training digits with their own labels: the classifier knows them (its test accuracy is
     # the floor), and the per-class tests sit at their floors (the metric-level tests in
     # tests/metrics/test_metrics_conditional.py show shuffled labels failing them)
@@ -91,7 +162,7 @@ def test_evaluate_command_reports_the_conditional_rows(digits_run, tmp_path):
         c2st = f"per_class_c2st_{space}_samples"
         assert abs(result[c2st] - result[f"per_class_c2st_{space}_floor"]) < 0.1
         assert result[f"{c2st}_min"] <= result[c2st] <= result[f"{c2st}_max"]
-    table = (tmp_path / "eval.md").read_text()
+    table = (tmp_path / "eval_samples.md").read_text()
     n = result["per_class_n"]
     assert table.startswith(
         f"| conditional samples, 10 classes: {min(n)}-{max(n)} of each vs the test images"

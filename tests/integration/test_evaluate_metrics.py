@@ -46,7 +46,7 @@ def test_too_few_samples_are_refused_before_compute():
 @pytest.mark.slow
 def test_other_samplers_rows_are_evaluated_beside_the_samples(tmp_path):
     """evaluate_and_write(rows=...) (a student beside its teacher): each row gets every
-    metric, the table shows them with the floor's row, and eval.json keeps them. The rows
+    metric, the table shows them with the floor's row, and eval_samples.json keeps them. The rows
     are told apart: training digits pass the two-sample test, a Gaussian fit does not."""
     from experiments.build import Data
     from experiments.runs.evaluation import evaluate_and_write
@@ -60,7 +60,7 @@ def test_other_samplers_rows_are_evaluated_beside_the_samples(tmp_path):
     assert row["nfe"] == 35
     assert row["c2st_pixels_samples"] < r["c2st_pixels_samples"] - 0.15, (row, r)
     assert row["recall_pixels_samples"] > r["recall_pixels_samples"] + 0.2, (row, r)
-    table = (tmp_path / "eval.md").read_text()
+    table = (tmp_path / "eval_samples.md").read_text()
     for line in ("| these samples | 1 |", "| teacher, heun 18 steps | 35 |", "(floor)"):
         assert line in table, table
-    assert "teacher, heun 18 steps" in (tmp_path / "eval.json").read_text()
+    assert "teacher, heun 18 steps" in (tmp_path / "eval_samples.json").read_text()

@@ -25,7 +25,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from experiments import schema
 
-APPS = ("train", "sample", "evaluate", "distill", "reproduce", "train_classifier")
+APPS = ("train", "sample", "evaluate", "distill", "reproduce", "train_classifier", "reconstruct")
 #: Hydra's command-line flags that take a value (the value is not an override).
 FLAGS_WITH_VALUE = ("--cfg", "-c", "--package", "-p")
 #: The docs showed 95 composable commands when this test was written; fewer means commands

@@ -104,3 +104,26 @@ def test_samples_dir_names_every_field_that_changes_the_samples(tmp_path):
     assert len(names) == 8, names
     assert "heun_18_n100_seed0+S_churn-10" in names and "heun_18_n100_seed0+use_ema-false" in names
     assert samples_dir(tmp_path, heun, step=400).parent.name == "step400"
+
+
+def test_a_refining_students_samples_and_header_state_its_nfe(tmp_path):
+    """A student with a refining stage (``distill.sigma_refine``) takes two network
+    evaluations: its samples are ``onestep_nfe2_...`` and ``evaluate``'s first line says
+    ``NFE 2``; a plain student keeps ``onestep_1_...`` (issue 39, item 7)."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from experiments.runs.distill import DistillRun
+    from experiments.runs.evaluation import describe_samples
+
+    sampler = {"num_samples": 200, "batch_size": 100, "seed": 0}
+    for refine, name in ((None, "onestep_1_n200_seed0"), (0.1, "onestep_nfe2_n200_seed0")):
+        cfg = OmegaConf.create({"sampler": sampler, "distill": {"sigma_refine": refine}})
+        sampling = DistillRun.sampling_of(cfg)
+        assert DistillRun.samples_name(sampling) == name
+    assert sampling.record["nfe"] == 2 and sampling.record["steps"] == 1
+    meta = {"sampler": sampling.record, "nfe": 2, "checkpoint_step": 20, "use_ema": True}
+    (tmp_path / "samples.json").write_text(json.dumps(meta))
+    described = describe_samples(tmp_path / "samples.npz")
+    assert described.endswith("(onestep, 1 step, NFE 2, checkpoint step 20, EMA weights)")

@@ -51,7 +51,7 @@ def test_rdmc_gmm_samples_counts_and_evaluates(tmp_path):
         "euler_maruyama_4_n48_seed0+n_samples-2+n_steps-2+curvature-4+init-importance"
         "+n_proposals-8+horizon-2"
     )
-    for f in ("samples.npz", "samples.json", "samples.png", "eval.json", "eval.md"):
+    for f in ("samples.npz", "samples.json", "samples.png", "eval_samples.json", "eval_samples.md"):
         assert (out / f).is_file(), f
     x = np.load(out / "samples.npz")["samples"]
     assert x.shape == (48, 2) and np.all(np.isfinite(x))
@@ -59,7 +59,7 @@ def test_rdmc_gmm_samples_counts_and_evaluates(tmp_path):
     assert meta["nfe"] == 4  # Euler-Maruyama: one score query per step
     assert meta["target_evaluations"] == _mala_counts(4) == {"grad": 24, "density": 56}
     assert meta["process"]["horizon"] == 2.0 and meta["score"]["init"] == "importance"
-    ev = json.loads((out / "eval.json").read_text())
+    ev = json.loads((out / "eval_samples.json").read_text())
     assert ev["target_evaluations"] == meta["target_evaluations"]
     # the modes at distance 4 are found: far closer to the target than the OU prior is
     assert ev["energy_distance"] < 0.5 * ev["energy_distance_prior"], ev
@@ -86,7 +86,7 @@ def test_rdmc_manywell_runs_with_another_registered_sampler(tmp_path):
     assert meta["target_evaluations"] == _mala_counts(5)
     x = np.load(out / "samples.npz")["samples"]
     assert x.shape == (48, 4)
-    assert json.loads((out / "eval.json").read_text())["target_evaluations"]["grad"] == 30
+    assert json.loads((out / "eval_samples.json").read_text())["target_evaluations"]["grad"] == 30
 
 
 @pytest.mark.parametrize(

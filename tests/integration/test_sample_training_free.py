@@ -21,11 +21,11 @@ def test_cfdm_moons_samples_and_evaluates_without_a_checkpoint(tmp_path):
     )
     assert r.code == 0, r.stderr
     out = tmp_path / "samples" / "cfdm_T0.95_S100_n64_seed0+n_train-50"
-    for f in ("samples.npz", "samples.json", "samples.png", "eval.json", "eval.md"):
+    for f in ("samples.npz", "samples.json", "samples.png", "eval_samples.json", "eval_samples.md"):
         assert (out / f).is_file(), f
     x = np.load(out / "samples.npz")["samples"]
     assert x.shape == (64, 2) and np.all(np.isfinite(x))
-    ev = json.loads((out / "eval.json").read_text())
+    ev = json.loads((out / "eval_samples.json").read_text())
     assert ev["energy_distance"] < ev["energy_distance_prior"]  # better than the prior
     meta = json.loads((out / "samples.json").read_text())
     assert meta["nfe"] == 5 and meta["n_train"] == 50
@@ -38,7 +38,7 @@ def test_cfdm_digits_samples_and_evaluates_without_a_checkpoint(tmp_path):
     )
     assert r.code == 0, r.stderr
     out = tmp_path / "samples" / "cfdm_T0.95_S100_n200_seed0+sigma_s-1"
-    ev = json.loads((out / "eval.json").read_text())
+    ev = json.loads((out / "eval_samples.json").read_text())
     assert np.load(out / "samples.npz")["samples"].shape == (200, 8, 8, 1)
     assert ev["fd"] < ev["fd_gaussian"]
     assert (out / "samples.png").is_file()

@@ -69,7 +69,7 @@ def test_evaluate_picks_the_samples_of_the_same_sample_arguments(toy_run):
     r = run("evaluate", f"run_dir={toy_run}")
     default = toy_run / TOY_SAMPLES
     assert str(default / "samples.npz") in r.stdout
-    assert json.loads((default / "eval.json").read_text())["samples"] == str(
+    assert json.loads((default / "eval_samples.json").read_text())["samples"] == str(
         default / "samples.npz"
     )
     run("sample", f"run_dir={toy_run}", "sampler.seed=1")
@@ -77,8 +77,8 @@ def test_evaluate_picks_the_samples_of_the_same_sample_arguments(toy_run):
     r = run("evaluate", f"run_dir={toy_run}")
     assert str(default / "samples.npz") in r.stdout  # not the newest file
     r = run("evaluate", f"run_dir={toy_run}", "sampler.seed=1")
-    assert str(seed1 / "samples.npz") in r.stdout and (seed1 / "eval.json").is_file()
-    result = json.loads((seed1 / "eval.json").read_text())
+    assert str(seed1 / "samples.npz") in r.stdout and (seed1 / "eval_samples.json").is_file()
+    result = json.loads((seed1 / "eval_samples.json").read_text())
     assert result["energy_distance"] < 0.3 * result["energy_distance_prior"], result
 
 
@@ -98,7 +98,7 @@ def test_image_evaluation_shows_progress_and_the_gaussian_baseline(tmp_path):
     np.savez(tmp_path / "train.npz", samples=train[:500])
     r = run("evaluate", f"run_dir={run_dir}", f"samples={tmp_path / 'train.npz'}")
     assert "evaluating" in r.stderr  # the progress bar over the stages
-    result = json.loads((tmp_path / "eval.json").read_text())
+    result = json.loads((tmp_path / "eval_train.json").read_text())
     # training digits are far closer to the test digits than a Gaussian fit is
     assert result["fd"] < 0.2 * result["fd_gaussian"], result
     # copies of training digits pass the two-sample test (at the floor, far from the
@@ -109,5 +109,5 @@ def test_image_evaluation_shows_progress_and_the_gaussian_baseline(tmp_path):
     assert result["c2st_pixels_gaussian"] > 0.85, result
     assert result["mem_copy_rate"] == 1.0 and result["mem_nn_mean_ratio"] == 0.0
     assert "bpd" not in result  # no checkpoint in this run directory: no model to score
-    table = (tmp_path / "eval.md").read_text()
+    table = (tmp_path / "eval_train.md").read_text()
     assert "| C2ST pixels |" in table and "(floor)" in table

@@ -94,7 +94,9 @@ def test_the_docs_cifar_recipe_points_the_table_at_the_trained_run():
     assert '"table.checkpoint=$RUN"' in text
 
 
-@pytest.mark.parametrize("module", ["train", "distill", "sample", "evaluate", "reproduce"])
+@pytest.mark.parametrize(
+    "module", ["train", "distill", "sample", "evaluate", "reproduce", "reconstruct"]
+)
 def test_the_task_function_pickles_by_value(module):
     """Submitit pickles the Hydra task function with cloudpickle, by value when the command
     runs as ``python -m experiments.<module>`` (module ``__main__``): every global it
