@@ -559,7 +559,7 @@ class DownsampleTaskConfig(TaskConfig):
 
 @dataclass
 class BlurTaskConfig(TaskConfig):
-    name: str = "blur"  # Gaussian blur, zero boundary (images; no SVD: not with ddrm)
+    name: str = "blur"  # Gaussian blur, zero boundary (images; a separable SVD)
     std: float = 1.0  # the kernel's std in pixels, > 0
     size: int | None = None  # its odd width <= min(H, W); null: 2 ceil(3 std) + 1
 

@@ -13,7 +13,7 @@ flattened measurements ``[batch, m]``:
 - ``pinv(y, rcond)`` -> the Moore-Penrose pseudo-inverse ``A^+ y``, ``[batch, *data_shape]``.
 
 Operators: :class:`Identity` (denoising), :class:`Inpainting` (a keep-mask),
-:class:`Downsample` (box average), :class:`GaussianBlur` (zero boundary, no SVD),
+:class:`Downsample` (box average), :class:`GaussianBlur` (zero boundary; a separable SVD),
 :class:`RandomProjection` (compressed sensing), :class:`Colourisation` (grey = channel mean),
 :class:`Stacked` (several operators' measurements concatenated).
 :class:`Measurement` pairs an operator with the noise level ``sigma_y`` (data units of x0:
@@ -343,24 +343,69 @@ def gaussian_kernel(std: float, size: int) -> np.ndarray:
     return g / g.sum()
 
 
+def blur_matrix_1d(n: int, std: float, size: int) -> np.ndarray:
+    """The ``[n, n]`` matrix of the 1-D 'same' convolution with the normalised kernel
+    ``g_r = exp(-r^2 / (2 std^2)) / sum``, ``r`` in ``-(size//2) .. size//2``, zero boundary
+    (float64 numpy; symmetric, the kernel being even)."""
+    p = size // 2
+    r = np.arange(size, dtype=np.float64) - p
+    g = np.exp(-(r**2) / (2.0 * std**2))
+    g = g / g.sum()
+    i = np.arange(n)
+    off = i[:, None] - i[None, :]
+    return np.where(np.abs(off) <= p, g[np.clip(off + p, 0, size - 1)], 0.0)
+
+
+#: Spectral entries of a blur below this fraction of the largest are dropped from its SVD
+#: (treated as unmeasured): float32 cannot resolve them.
+BLUR_SVD_CUT = 1e-7
+
+
 class GaussianBlur(LinearOperator):
     """Per-channel 2-D convolution of images ``(H, W, C)`` with a normalised Gaussian
     kernel, zero boundary, output the size of the input (``m = d``): ``(A x)[i, j] =
     sum_{a, b} k[a, b] x[i - a, j - b]`` with offsets centred (``scipy.ndimage.convolve``
     with ``mode="constant"``). ``A^T`` is the correlation with the same kernel, i.e. the
     convolution with the flipped kernel under the same zero boundary (the transpose of the
-    convolution matrix). No cheap SVD (the zero boundary breaks the Fourier diagonalisation):
-    :meth:`svd` is ``None`` and :meth:`pinv` runs conjugate gradients.
+    convolution matrix).
+
+    The Gaussian kernel is separable (``k = g g^T``, ``g`` the normalised 1-D kernel), so
+    ``A`` is the Kronecker product ``B_H (x) B_W`` of two 1-D convolution matrices (zero
+    boundary, per channel; :func:`blur_matrix_1d`), and ``A x = B_H X B_W^T``,
+    ``A^T y = B_H^T Y B_W`` per channel are computed as two small matrix products (float32
+    on CPU at batch 1024, against ``jax.lax.conv_general_dilated``: 0.3 ms for 8 ms on
+    8 x 8 images, 13 ms for 0.44 s on 32 x 32 x 3).
+
+    SVD: the Kronecker product of the 1-D matrices' SVDs (``numpy.linalg.svd`` once at
+    construction): ``s_{kl} = s_k s_l``, ``U = U_H (x) U_W``, ``V = V_H (x) V_W`` (DDRM's
+    deblurring, Kawar et al. 2022, App. B; its code zeroes small 1-D singular values, here
+    only those below :data:`BLUR_SVD_CUT` times the largest are dropped, so
+    ``U diag(s) V^T`` is ``A`` to that precision). Wide blurs are ill-conditioned
+    (``s_min / s_max`` about 1e-3 for std 1 on 8 x 8): a noiseless measurement amplifies
+    float32 rounding by ``1 / s``; give ``sigma_y > 0``.
 
     Fields:
-      kernel: ``[size, size]`` (sums to 1).
+      kernel: ``[size, size]`` (sums to 1; ``g g^T``, for reference: ``A`` applies ``b_h``
+        and ``b_w``).
       std: the kernel's standard deviation in pixels (static).
       size: the kernel's odd width in pixels (static).
+      b_h, b_w: the 1-D convolution matrices, ``[H, H]`` and ``[W, W]``.
+      u_h, s_h, v_h, u_w, s_w, v_w: their SVDs (``[H, H]``, ``[H]``, ...).
+      keep: ``[r]`` int, the kept entries of the flattened ``(k, l, c)`` spectrum.
     """
 
     kernel: Array = None
     std: float = struct.field(pytree_node=False, default=1.0)
     size: int = struct.field(pytree_node=False, default=1)
+    b_h: Array = None
+    b_w: Array = None
+    u_h: Array = None
+    s_h: Array = None
+    v_h: Array = None
+    u_w: Array = None
+    s_w: Array = None
+    v_w: Array = None
+    keep: Array = None
 
     @classmethod
     def create(cls, data_shape, std: float, size: int | None = None) -> GaussianBlur:
@@ -378,33 +423,64 @@ class GaussianBlur(LinearOperator):
         size = check_int(size, "task.size", low=1, high=min(H, W))
         require(size % 2 == 1, "task.size", f"an odd integer in [1, {min(H, W)}]", size)
         kernel = jnp.asarray(gaussian_kernel(std, size))
-        return cls(data_shape=(H, W, C), kernel=kernel, std=std, size=size)
+        bh, bw = blur_matrix_1d(H, std, size), blur_matrix_1d(W, std, size)
+        uh, sh, vht = np.linalg.svd(bh)
+        uw, sw, vwt = np.linalg.svd(bw)
+        spectrum = np.broadcast_to(np.outer(sh, sw)[:, :, None], (H, W, C)).reshape(-1)
+        keep = np.flatnonzero(spectrum > BLUR_SVD_CUT * spectrum.max()).astype(np.int32)
+        f = jax.dtypes.canonicalize_dtype(np.float64)
+        return cls(
+            data_shape=(H, W, C),
+            kernel=kernel,
+            std=std,
+            size=size,
+            b_h=jnp.asarray(bh, f),
+            b_w=jnp.asarray(bw, f),
+            u_h=jnp.asarray(uh, f),
+            s_h=jnp.asarray(sh, f),
+            v_h=jnp.asarray(vht.T, f),
+            u_w=jnp.asarray(uw, f),
+            s_w=jnp.asarray(sw, f),
+            v_w=jnp.asarray(vwt.T, f),
+            keep=jnp.asarray(keep),
+        )
 
     @property
     def m(self) -> int:
         return self.d
 
-    def _correlate(self, x, kernel):
-        """Per-channel 'same' correlation with zero padding: ``out[i, j] = sum k[a, b]
-        x[i + a - p, j + b - p]``."""
-        C = self.data_shape[2]
-        k = jnp.broadcast_to(kernel.astype(x.dtype)[:, :, None, None], (*kernel.shape, 1, C))
-        p = self.size // 2
-        return jax.lax.conv_general_dilated(
-            x,
-            k,
-            window_strides=(1, 1),
-            padding=((p, p), (p, p)),
-            dimension_numbers=("NHWC", "HWIO", "NHWC"),
-            feature_group_count=C,
-            precision=jax.lax.Precision.HIGHEST,
-        )
-
     def _A(self, x):
-        return _flat(self._correlate(x, self.kernel[::-1, ::-1]))
+        return _flat(self._kron(self.b_h, self.b_w, x))
 
     def _At(self, y):
-        return self._correlate(y.reshape(y.shape[0], *self.data_shape), self.kernel)
+        return self._kron(self.b_h.T, self.b_w.T, y.reshape(y.shape[0], *self.data_shape))
+
+    def _kron(self, left, right, z):
+        """``(left (x) right)`` applied to ``z: [batch, H, W, C]`` over ``(H, W)``."""
+        hi = jax.lax.Precision.HIGHEST
+        z = jnp.asarray(z)  # numpy float64 outside x64: JAX's float32, no dtype warning
+        z = jnp.einsum("ik,bkwc->biwc", left.astype(z.dtype), z, precision=hi)
+        return jnp.einsum("jl,bilc->bijc", right.astype(z.dtype), z, precision=hi)
+
+    def _spread(self, z):
+        """``[batch, r]`` kept spectral entries -> ``[batch, H, W, C]`` (zeros elsewhere)."""
+        z = jnp.asarray(z)
+        full = jnp.zeros((z.shape[0], self.d), z.dtype).at[:, self.keep].set(z)
+        return full.reshape(z.shape[0], *self.data_shape)
+
+    def svd(self) -> SVD:
+        """The Kronecker SVD of the separable blur (class docstring); ``r`` = the kept
+        entries."""
+        s = (self.s_h[:, None, None] * self.s_w[None, :, None]) * jnp.ones(self.data_shape[2])
+        return SVD(
+            s=s.reshape(-1)[self.keep],
+            U=lambda z: _flat(self._kron(self.u_h, self.u_w, self._spread(z))),
+            Ut=lambda y: _flat(
+                self._kron(self.u_h.T, self.u_w.T, y.reshape(y.shape[0], *self.data_shape))
+            )[:, self.keep],
+            V=lambda z: self._kron(self.v_h, self.v_w, self._spread(z)),
+            Vt=lambda x: _flat(self._kron(self.v_h.T, self.v_w.T, x))[:, self.keep],
+        )
 
 
 class RandomProjection(LinearOperator):

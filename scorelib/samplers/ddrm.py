@@ -18,8 +18,16 @@ frame (``x_ve = x / alpha``, levels ``sigma_i`` from the grid), with
 
 The start is the driver's ``sigma_0 eps`` (the paper's start differs in the measured
 directions by ``O(n_j / sigma_0)``, negligible at ``sigma_0 = 80``). A step to
-``sigma' = 0`` leaves ``xb0`` off the measurement and where ``sigma_y > 0``, and
-``(1 - eta_b) xb0 + eta_b yb`` where it is exact (``eta_b = 1``: the measurement itself).
+``sigma' = 0`` leaves ``xb0`` off the measurement and where ``sigma_y > 0``, and, as the
+paper's eq. 8 reads, ``(1 - eta_b) xb0 + eta_b yb`` where it is exact (``eta_b = 1``: the
+measurement itself; the authors' code takes neither branch at ``s_j sigma' = sigma_y`` and
+ends on ``xb0`` there). ``sigma' = n_j`` exactly counts as the third case.
+
+Bias (``table=inverse_gaussian``, docs/inverse_problems.md): with ``eta > 0`` the update
+off the measurement redraws ``eta sigma'`` of fresh noise around the denoiser's *mean*
+every step (DDIM's ``eta`` scales with the step instead), so the draws are too narrow even
+with an exact denoiser and in the limit of many steps; ``eta = 0`` is exact for noiseless
+measurements of prior-independent coordinates.
 One denoiser call per step (``info["nfe"] = N``). Noise: step ``i`` draws one standard normal
 ``eps`` of the data's shape from the driver's keys; ``V^T eps`` are the spectral draws and
 ``eps - V V^T eps`` the draw off the row space.
@@ -66,7 +74,7 @@ class DDRM(StepRule):
     Raises (when called, before anything runs):
       ValueError: naming ``sampler.eta`` / ``sampler.eta_b`` (outside ``[0, 1]``),
         ``source`` (not a MeasuredScore) or ``method.name`` (an operator without an SVD, e.g.
-        GaussianBlur or a stacked measurement, or several noise levels).
+        a Stacked measurement, or several noise levels).
     """
 
     name = "ddrm"

@@ -35,10 +35,10 @@ BAD = [
     ([R, "task.draws=1"], "task.draws must be an integer >= 2"),
     ([R, "task.num_images=400"], "task.num_images must be an integer in [1, 359]"),
     # methods
-    (["task=blur", "method.names=[ddrm]"], "method.names must be methods without ddrm for this"),
     (
         ["task=sensors", "method.names=[pigdm,ddrm]"],
-        "ddrm needs the operator's SVD and one sigma_y",
+        "method.names must be methods without ddrm for this task: ddrm needs the operator's SVD "
+        "and one sigma_y",
     ),
     ([R, "method.names=[pigdm,foo]"], "method.names must be a list of methods from ['ddrm', 'dps'"),
     ([R, "method.names=[]"], "method.names must be a list of distinct methods"),

@@ -1,7 +1,8 @@
 """experiments.reconstruct end to end on a tiny trained digits run (and a flat toy run):
 the files and their shapes, finite metrics, noiseless inpainting by projection keeping the
-measured pixels exactly, the figure, the run metadata, and measurements read back from
-measurements.npz giving the same reconstructions."""
+measured pixels exactly, the figure, the run metadata, measurements read back from
+measurements.npz giving the same reconstructions, a stacked measurement and DDRM on the
+blur."""
 
 from __future__ import annotations
 
@@ -129,6 +130,17 @@ def test_reconstruct_digits_writes_everything(tiny_digits_run, tmp_path):
     for row in metrics["methods"].values():
         assert np.all(np.isfinite(row["psnr_mean"] + row["coverage"] + row["ssim_draw"]))
     assert np.load(out / "measurements.npz")["sigma_y"].shape == (22,)
+
+    # DDRM on the blur (its Kronecker SVD)
+    r = run_inprocess(
+        "reconstruct", f"run_dir={run_dir}", "task=blur", "method.names=[ddrm]", *BASE
+    )
+    assert r.code == 0, r.stderr[-3000:]
+    out = _out(run_dir, "blur_heun_2_*methods-ddrm*")
+    row = json.loads((out / "metrics.json").read_text())["methods"]["ddrm"]
+    assert row["nfe"] >= 1 and np.all(np.isfinite(row["psnr_mean"] + row["coverage"]))
+    x = np.load(out / "reconstructions_ddrm.npz")["reconstructions"]
+    assert x.shape == (N, DRAWS, 8, 8, 1) and np.all(np.isfinite(x))
 
 
 @pytest.mark.slow  # about 10 s once the session's toy run is trained

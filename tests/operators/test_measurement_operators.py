@@ -1,7 +1,8 @@
 """scorelib.operators against independent float64 computations: each operator's dense matrix
 is built by applying ``A`` to the basis vectors, then checked against numpy (adjoint,
 SVD, pseudo-inverse, Penrose identities), a numpy reshape-mean (downsampling) and
-``scipy.ndimage.convolve`` (blur)."""
+``scipy.ndimage.convolve`` (blur; its Kronecker SVD against ``numpy.linalg.svd`` of the dense
+matrix, and the spectrum it drops)."""
 
 from __future__ import annotations
 
@@ -89,9 +90,6 @@ def test_linear_algebra(name):
         np.testing.assert_allclose(P @ M @ P, P, rtol=0, atol=1e-8 * np.abs(P).max())
 
         svd = op.svd()
-        if name.startswith("blur"):
-            assert svd is None
-            return
         s = np.asarray(svd.s)
         r = s.shape[0]
         eye_r = jnp.eye(r, dtype=jnp.float64)
@@ -119,6 +117,12 @@ def test_downsample_is_a_block_mean():
         np.testing.assert_allclose(np.asarray(op.A(jnp.asarray(x))), ref, rtol=0, atol=1e-14)
 
 
+def _conv_matrix_1d(n, g):
+    """``[n, n]``: column j is ``scipy.ndimage.convolve1d`` of the basis vector ``e_j`` with
+    ``g`` (zero boundary): the 1-D 'same' convolution, independent of ``blur_matrix_1d``."""
+    return np.stack([scipy.ndimage.convolve1d(e, g, mode="constant") for e in np.eye(n)], axis=1)
+
+
 def test_blur_matches_scipy_convolve():
     with jax.enable_x64(True):
         x = np.random.default_rng(2).standard_normal((2, 7, 6, 3))
@@ -128,17 +132,88 @@ def test_blur_matches_scipy_convolve():
         r = np.arange(5) - 2
         ref_k = np.exp(-(r[:, None] ** 2 + r[None, :] ** 2) / (2 * 1.1**2))
         np.testing.assert_allclose(np.asarray(k), ref_k / ref_k.sum(), rtol=1e-13)
-        # an asymmetric kernel checks the orientation of the convolution and its adjoint
-        asym = jnp.asarray(np.random.default_rng(3).random((5, 5)))
-        for kern in (k, asym):
-            op_k = op.replace(kernel=kern)
+        g = np.exp(-(r**2) / (2 * 1.1**2))
+        np.testing.assert_allclose(np.asarray(op.b_h), _conv_matrix_1d(7, g / g.sum()), atol=1e-15)
+        np.testing.assert_allclose(np.asarray(op.b_w), _conv_matrix_1d(6, g / g.sum()), atol=1e-15)
+        # asymmetric separable kernels (1-D matrices not symmetric) check the orientation of
+        # the two products and of the adjoint
+        rng = np.random.default_rng(3)
+        gh, gw = rng.random(5), rng.random(5)
+        op_asym = op.replace(
+            kernel=jnp.asarray(np.outer(gh, gw)),
+            b_h=jnp.asarray(_conv_matrix_1d(7, gh)),
+            b_w=jnp.asarray(_conv_matrix_1d(6, gw)),
+        )
+        for op_k in (op, op_asym):
+            kern = np.asarray(op_k.kernel)
             out = np.asarray(op_k.A(jnp.asarray(x))).reshape(x.shape)
             for b in range(2):
                 for c in range(3):
-                    ref = scipy.ndimage.convolve(x[b, :, :, c], np.asarray(kern), mode="constant")
+                    ref = scipy.ndimage.convolve(x[b, :, :, c], kern, mode="constant")
                     np.testing.assert_allclose(out[b, :, :, c], ref, rtol=0, atol=1e-12)
             M = _dense(op_k)
             np.testing.assert_allclose(_dense_t(op_k), M.T, rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize(
+    "shape, std, size", [((7, 6, 2), 1.1, 5), ((5, 8, 1), 0.8, 5)], ids=["rgb2", "wide"]
+)
+def test_blur_svd_against_the_dense_matrix(shape, std, size):
+    """The Kronecker SVD against ``numpy.linalg.svd`` of the dense ``A`` (non-square images,
+    several channels): the same singular values, ``U diag(s) V^T = A``, orthonormal columns,
+    ``A^+`` equal to ``numpy.linalg.pinv``; nothing is dropped for these blurs."""
+    with jax.enable_x64(True):
+        op = ops.GaussianBlur.create(shape, std, size)
+        M = _dense(op)
+        svd = op.svd()
+        s = np.asarray(svd.s)
+        assert s.shape == (op.d,) and s.dtype == np.float64
+        s_np = np.linalg.svd(M, compute_uv=False)
+        np.testing.assert_allclose(np.sort(s)[::-1], s_np, rtol=1e-12, atol=1e-14)
+        eye = jnp.eye(op.d, dtype=jnp.float64)
+        U = np.asarray(svd.U(eye)).T
+        V = np.asarray(svd.V(eye)).reshape(op.d, op.d).T
+        np.testing.assert_allclose(U.T @ U, np.eye(op.d), rtol=0, atol=1e-13)
+        np.testing.assert_allclose(V.T @ V, np.eye(op.d), rtol=0, atol=1e-13)
+        np.testing.assert_allclose(U @ np.diag(s) @ V.T, M, rtol=0, atol=1e-14)
+        P = np.asarray(op.pinv(eye, rcond=1e-12)).reshape(op.d, op.d).T
+        P_np = np.linalg.pinv(M)
+        np.testing.assert_allclose(P, P_np, rtol=0, atol=1e-11 * np.abs(P_np).max())
+
+
+def test_blur_svd_drops_the_spectrum_below_the_cut():
+    """A wide blur (std 1.5, 9 x 9 kernel, 12 x 12) has spectral entries below
+    ``BLUR_SVD_CUT`` (1e-7) of the largest: exactly those are dropped (the kept values are
+    numpy's largest, the dropped numpy's smallest), the kept directions are orthonormal and
+    ``U diag(s) V^T`` is ``A`` to within the cut."""
+    with jax.enable_x64(True):
+        op = ops.GaussianBlur.create((12, 12, 1), 1.5, 9)
+        M = _dense(op)
+        s_np = np.linalg.svd(M, compute_uv=False)
+        want_r = int(np.sum(s_np > ops.BLUR_SVD_CUT * s_np[0]))
+        assert 0 < want_r < op.d  # the check can fail: some entries are below the cut
+        svd = op.svd()
+        s = np.asarray(svd.s)
+        r = s.shape[0]
+        assert r == want_r
+        np.testing.assert_allclose(np.sort(s)[::-1], s_np[:r], rtol=1e-8)
+        assert s.min() > ops.BLUR_SVD_CUT * s.max()
+        eye_r = jnp.eye(r, dtype=jnp.float64)
+        U = np.asarray(svd.U(eye_r)).T
+        V = np.asarray(svd.V(eye_r)).reshape(r, op.d).T
+        np.testing.assert_allclose(U.T @ U, np.eye(r), rtol=0, atol=1e-13)
+        np.testing.assert_allclose(V.T @ V, np.eye(r), rtol=0, atol=1e-13)
+        gap = np.abs(U @ np.diag(s) @ V.T - M).max()
+        assert gap <= ops.BLUR_SVD_CUT * s_np[0]
+        assert gap > 1e-15  # something was dropped
+        # Ut, Vt are the transposes; pinv inverts the kept spectrum only
+        Ut = np.asarray(svd.Ut(jnp.eye(op.m, dtype=jnp.float64))).T
+        Vt = np.asarray(svd.Vt(jnp.eye(op.d, dtype=jnp.float64).reshape(op.d, *op.data_shape))).T
+        np.testing.assert_allclose(Ut, U.T, rtol=0, atol=1e-13)
+        np.testing.assert_allclose(Vt, V.T, rtol=0, atol=1e-13)
+        P = np.asarray(op.pinv(jnp.eye(op.m, dtype=jnp.float64), rcond=0.0)).reshape(op.m, -1).T
+        np.testing.assert_allclose(P, V @ np.diag(1 / s) @ U.T, rtol=0, atol=1e-8 * np.abs(P).max())
+        assert np.abs(P).max() < 1.01 / s.min()
 
 
 def test_inpainting_masks():
@@ -308,14 +383,16 @@ def test_stacked_refusals(make):
 
 @pytest.mark.parametrize("std, size", [(1.0, 5), (1.5, 9)], ids=["converges", "stops_early"])
 def test_pinv_by_cg_is_per_example(std, size):
-    """Without an SVD, an example's ``A^+ y`` does not depend on the other examples: a batch
-    with one measurement 1e3 times larger than the other equals each example alone (one CG
-    over the flattened batch, stopped at 1e-6 of the whole batch's residual, left the small
+    """Without an SVD (a blur wrapped in :class:`Stacked`: the same matrix on the
+    conjugate-gradient path), an example's ``A^+ y`` does not depend on the other examples: a
+    batch with one measurement 1e3 times larger than the other equals each example alone (one
+    CG over the flattened batch, stopped at 1e-6 of the whole batch's residual, left the small
     example at 2e-5 of its size; 6% apart where 500 iterations do not converge), and where
     CG converges each example is ``numpy.linalg.pinv`` to its own tolerance."""
     with jax.enable_x64(True):
         shape = (12, 12, 1)
-        op = ops.GaussianBlur.create(shape, std, size)
+        op = ops.Stacked.create([ops.GaussianBlur.create(shape, std, size)])
+        assert op.svd() is None
         rng = np.random.default_rng(5)
         ys = np.stack([1e3 * rng.normal(size=op.m), rng.normal(size=op.m)])
         pinv = jax.jit(op.pinv)  # CG loop compiled

@@ -99,22 +99,31 @@ def ddrm_reference(process, mu, cov, a_mat, ys, sigma_y, grid, x_start, eps, eta
     return np.stack(out), counts
 
 
+OPERATORS = {  # name: (data shape, make(key, shape))
+    "projection": ((6,), lambda key, shape: ops.RandomProjection.create(key, shape, 3)),
+    "blur": ((4, 4, 1), lambda key, shape: ops.GaussianBlur.create(shape, 0.8, 3)),
+}
+
+
+@pytest.mark.parametrize("op_name", list(OPERATORS))
 @pytest.mark.parametrize(
     "process, grid",
     [(EDM(), [1.5, 0.3, 0.0]), (VP(), [2.0, 0.3, 0.05])],
     ids=["edm-to-0", "vp-above-0"],
 )
-def test_two_steps_against_the_paper_update(process, grid):
+def test_two_steps_against_the_paper_update(process, grid, op_name):
     """Batch 3 from first index 1, two measurements held by two examples each (examples 1,
-    2, 3 read measurements 0, 1, 1)."""
-    shape, sigma_y, eta, eta_b = (6,), 0.2, 0.85, 0.7
+    2, 3 read measurements 0, 1, 1); a random projection and a blur (its Kronecker SVD)."""
+    sigma_y, eta, eta_b = 0.2, 0.85, 0.7
+    shape, make = OPERATORS[op_name]
     key, first, batch = jax.random.key(4), 1, 3
     grid = np.asarray(grid)
     with jax.enable_x64(True):
+        d = int(np.prod(shape))
         prior, mu, cov = correlated(process, shape, seed=1)
-        meas = ops.Measurement.create(ops.RandomProjection.create(key, shape, 3), sigma_y)
-        a_mat = operator_matrix(meas, 6, shape)
-        ys = np.random.default_rng(2).normal(size=(2, 3))
+        meas = ops.Measurement.create(make(key, shape), sigma_y)
+        a_mat = operator_matrix(meas, d, shape)
+        ys = np.random.default_rng(2).normal(size=(2, meas.operator.m))
         src = posterior_source("ddrm", prior, meas, ys, repeats=2)
         x, info = ddrm(
             src,
@@ -133,7 +142,8 @@ def test_two_steps_against_the_paper_update(process, grid):
         process, mu, cov, a_mat, ys[[0, 1, 1]], sigma_y, grid, x_start, eps, eta, eta_b
     )
     assert counts["quiet"] > 0 and counts["loud"] > 0, counts  # both branches checked
-    np.testing.assert_allclose(np.asarray(x), want, rtol=0, atol=1e-11 * np.abs(want).max())
+    x = np.asarray(x).reshape(batch, d)
+    np.testing.assert_allclose(x, want, rtol=0, atol=1e-11 * np.abs(want).max())
     assert info == {"nfe": 2, "steps": 2}
 
 
@@ -169,13 +179,14 @@ def _refusal_cases():
     shape = (4, 4, 1)
     prior, _, _ = correlated(EDM(), shape)
     down = ops.Measurement.create(ops.Downsample.create(shape, 2), 0.1)
-    blur = ops.Measurement.create(ops.GaussianBlur.create(shape, 0.8, 3), 0.1)
+    no_svd = ops.Stacked.create([ops.GaussianBlur.create(shape, 0.8, 3)])  # a blur, no SVD
+    no_svd = ops.Measurement.create(no_svd, 0.1)
     stacked = ops.Measurement.stack([down, ops.Measurement.create(ops.Identity.create(shape), 0.3)])
     several = ops.Measurement(operator=down.operator, sigma_y=jnp.array([0.1, 0.2, 0.1, 0.2]))
     good = MeasuredScore.create(prior, down, np.zeros(4))
     return {
         "prior": (prior, {}, "source"),
-        "blur": (MeasuredScore.create(prior, blur, np.zeros(16)), {}, "method.name"),
+        "no_svd": (MeasuredScore.create(prior, no_svd, np.zeros(16)), {}, "method.name"),
         "stacked": (MeasuredScore.create(prior, stacked, np.zeros(20)), {}, "method.name"),
         "several": (MeasuredScore.create(prior, several, np.zeros(4)), {}, "method.name"),
         "eta_high": (good, {"eta": 1.5}, "sampler.eta"),
@@ -185,7 +196,7 @@ def _refusal_cases():
 
 
 @pytest.mark.parametrize(
-    "case", ["prior", "blur", "stacked", "several", "eta_high", "eta_low", "eta_b"]
+    "case", ["prior", "no_svd", "stacked", "several", "eta_high", "eta_low", "eta_b"]
 )
 def test_refusals_name_their_field(case):
     source, opts, field = _refusal_cases()[case]

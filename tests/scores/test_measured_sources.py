@@ -3,9 +3,9 @@
 * PiGDM against the exact posterior (``gaussian_posterior``, the Gaussian conditioning formula
   in dense numpy): equal pointwise for an isotropic prior ``N(mu, c I)`` with
   ``sigma_data^2 = c`` (EDM and VP, several times, a scalar and a ``[batch]`` time; operators
-  with an SVD, GaussianBlur on the conjugate-gradient path, a stacked measurement with two
-  noise levels), and off by a checked margin for an anisotropic prior
-  (``notes/conditioning-anchors.md``, section 4).
+  with an SVD, GaussianBlur by its SVD and, wrapped in ``Stacked``, on the conjugate-gradient
+  path, a stacked measurement with two noise levels), and off by a checked margin for an
+  anisotropic prior (``notes/conditioning-anchors.md``, section 4).
 * Projection against the exact posterior's denoiser: equal for noiseless inpainting of a
   diagonal-covariance prior, not for a correlated one.
 * DPS's added term against ``zeta J^T A^T r / ||r||`` from the closed-form Jacobian of the
@@ -60,6 +60,10 @@ def measurement(name):
         low = ops.Measurement.create(ops.Downsample.create(SHAPE, 2), 0.05)
         few = ops.Measurement.create(ops.Inpainting.random(key, SHAPE, 0.25), 0.3)
         return ops.Measurement.stack([low, few])
+    if name == "blur_cg":  # the blur's matrix without its SVD: the conjugate-gradient path
+        return ops.Measurement.create(
+            ops.Stacked.create([ops.GaussianBlur.create(SHAPE, 0.8, 3)]), 0.1
+        )
     op, sigma_y = {
         "inpainting": (lambda: ops.Inpainting.random(key, SHAPE, 0.5), 0.2),
         "downsample": (lambda: ops.Downsample.create(SHAPE, 2), 0.1),
@@ -103,8 +107,8 @@ def assert_rows_close(got, want, rel):
 
 
 # --------------------------------------------------------------------------- PiGDM
-SVD_OPS = ["inpainting", "downsample", "projection"]
-CG_OPS = ["blur", "stacked"]
+SVD_OPS = ["inpainting", "downsample", "projection", "blur"]
+CG_OPS = ["blur_cg", "stacked"]
 
 
 @pytest.mark.parametrize("proc", ["edm", "vp"])
@@ -153,15 +157,16 @@ def test_pigdm_is_biased_for_an_anisotropic_prior(op_name):
 
 def test_pigdm_cg_path_is_accurate_per_example():
     """On the conjugate-gradient path (no SVD) each example's ``S^-1 r`` is solved to its own
-    tolerance, whatever the other examples of the batch: a 12 x 12 blur, example 0 with a
-    residual 1e6 times larger than example 1's. Example 1's score matches the exact
-    posterior's relative to its own size, in the batch and alone. (One CG over the
+    tolerance, whatever the other examples of the batch: a 12 x 12 blur in ``Stacked`` (no
+    SVD), example 0 with a residual 1e6 times larger than example 1's. Example 1's score
+    matches the exact posterior's relative to its own size, in the batch and alone. (One CG over the
     flattened batch stopped at 1e-6 of the whole batch's residual: off by 3e-5 at t = 2.)"""
     with jax.enable_x64(True):
         shape = (12, 12, 1)
         rng = np.random.default_rng(5)
         prior = GaussianScore.from_covariance(EDM(), rng.normal(size=144), 0.4 * np.eye(144), shape)
-        meas = ops.Measurement.create(ops.GaussianBlur.create(shape, 1.5, 9), 1e-3)
+        blur = ops.Stacked.create([ops.GaussianBlur.create(shape, 1.5, 9)])
+        meas = ops.Measurement.create(blur, 1e-3)
         ys = np.stack([1e6 * rng.normal(size=144), rng.normal(size=144)])
         src = posterior_source("pigdm", prior, meas, ys, sigma_data=np.sqrt(0.4))
         x = rng.normal(size=(2, *shape))
@@ -442,53 +447,53 @@ def test_heun_on_pigdm_draws_the_exact_posterior():
 
 
 # --------------------------------------------------------------------------- refusals
-def _stacked(prior, down, blur, other, y):
+def _stacked(prior, down, cg, other, y):
     return posterior_source("ddrm", prior, measurement("stacked"), np.zeros(8))
 
 
-REFUSALS = [  # (make(prior, down, blur, other, y), field)
-    (lambda p, down, blur, other, y: posterior_source("replace", p, down, y), "method.name"),
-    (lambda p, down, blur, other, y: posterior_source("dps", p, down, y[:3], zeta=1.0), "y"),
-    (lambda p, down, blur, other, y: posterior_source("dps", p, down, y[None, None], zeta=1), "y"),
-    (lambda p, down, blur, other, y: posterior_source("dps", p, down, y + np.nan, zeta=1), "y"),
-    (lambda p, down, blur, other, y: posterior_source("dps", p, down, y - np.inf, zeta=1), "y"),
-    (lambda p, down, blur, other, y: posterior_source("dps", p, down, "abcd", zeta=1.0), "y"),
+REFUSALS = [  # (make(prior, down, cg, other, y), field); cg: a blur in Stacked (no SVD)
+    (lambda p, down, cg, other, y: posterior_source("replace", p, down, y), "method.name"),
+    (lambda p, down, cg, other, y: posterior_source("dps", p, down, y[:3], zeta=1.0), "y"),
+    (lambda p, down, cg, other, y: posterior_source("dps", p, down, y[None, None], zeta=1), "y"),
+    (lambda p, down, cg, other, y: posterior_source("dps", p, down, y + np.nan, zeta=1), "y"),
+    (lambda p, down, cg, other, y: posterior_source("dps", p, down, y - np.inf, zeta=1), "y"),
+    (lambda p, down, cg, other, y: posterior_source("dps", p, down, "abcd", zeta=1.0), "y"),
     (
-        lambda p, down, blur, other, y: posterior_source("dps", p, down, y, repeats=0, zeta=1),
+        lambda p, down, cg, other, y: posterior_source("dps", p, down, y, repeats=0, zeta=1),
         "task.draws",
     ),
     (
-        lambda p, down, blur, other, y: posterior_source("dps", p, down, y, repeats=1.5, zeta=1),
+        lambda p, down, cg, other, y: posterior_source("dps", p, down, y, repeats=1.5, zeta=1),
         "task.draws",
     ),
     (
-        lambda p, down, blur, other, y: posterior_source("pigdm", p, down, y, zeta=1, sigma_data=1),
+        lambda p, down, cg, other, y: posterior_source("pigdm", p, down, y, zeta=1, sigma_data=1),
         "method",
     ),
     (
-        lambda p, down, blur, other, y: posterior_source("projection", p, down, y, zeta=1.0),
+        lambda p, down, cg, other, y: posterior_source("projection", p, down, y, zeta=1.0),
         "method",
     ),
-    (lambda p, down, blur, other, y: posterior_source("ddrm", p, down, y, eta=0.5), "method"),
-    (lambda p, down, blur, other, y: posterior_source("dps", p, down, y), "method.zeta"),
-    (lambda p, down, blur, other, y: posterior_source("dps", p, down, y, zeta=-1.0), "method.zeta"),
-    (lambda p, down, blur, other, y: posterior_source("pigdm", p, down, y), "method.sigma_data"),
+    (lambda p, down, cg, other, y: posterior_source("ddrm", p, down, y, eta=0.5), "method"),
+    (lambda p, down, cg, other, y: posterior_source("dps", p, down, y), "method.zeta"),
+    (lambda p, down, cg, other, y: posterior_source("dps", p, down, y, zeta=-1.0), "method.zeta"),
+    (lambda p, down, cg, other, y: posterior_source("pigdm", p, down, y), "method.sigma_data"),
     (
-        lambda p, down, blur, other, y: posterior_source("pigdm", p, down, y, sigma_data=0),
+        lambda p, down, cg, other, y: posterior_source("pigdm", p, down, y, sigma_data=0),
         "method.sigma_data",
     ),
     (
-        lambda p, down, blur, other, y: posterior_source("projection", p, other, np.zeros(16)),
+        lambda p, down, cg, other, y: posterior_source("projection", p, other, np.zeros(16)),
         "task",
     ),
     (
-        lambda p, down, blur, other, y: posterior_source("ddrm", p, blur, np.zeros(16)),
+        lambda p, down, cg, other, y: posterior_source("ddrm", p, cg, np.zeros(16)),
         "method.name",
     ),
     (_stacked, "method.name"),
-    (lambda p, down, blur, other, y: posterior_source("dps", "prior", down, y, zeta=1), "source"),
+    (lambda p, down, cg, other, y: posterior_source("dps", "prior", down, y, zeta=1), "source"),
     (
-        lambda p, down, blur, other, y: posterior_source("dps", p, down.operator, y, zeta=1),
+        lambda p, down, cg, other, y: posterior_source("dps", p, down.operator, y, zeta=1),
         "measurement",
     ),
 ]
@@ -497,8 +502,8 @@ REFUSALS = [  # (make(prior, down, blur, other, y), field)
 @pytest.mark.parametrize("make, field", REFUSALS, ids=[f for _, f in REFUSALS])
 def test_refusals_name_their_field(make, field):
     prior, _, _ = isotropic(EDM())
-    down, blur = measurement("downsample"), measurement("blur")
+    down, cg = measurement("downsample"), measurement("blur_cg")
     other = ops.Measurement.create(ops.Downsample.create((8, 8, 1), 2), 0.1)
     with pytest.raises(ValueError, match=rf"^{field} must ") as e:
-        make(prior, down, blur, other, np.zeros(4))
+        make(prior, down, cg, other, np.zeros(4))
     assert "\n" not in str(e.value)
