@@ -583,6 +583,12 @@ def notes(records, tc) -> list[str]:
         f"{tc.draws} exact draws get (the 'exact posterior' row adds the sampler's "
         "discretisation); the coverage of exact draws is about the interval's level.",
     ]
+    if tc.get("scale") == "smoke":
+        out.insert(
+            0,
+            f"Smoke scale: {steps} and {tc.draws} draws test the pipeline only; its numbers "
+            "(the exact posterior's row too) are not the table's claims: run the small scale.",
+        )
     for method, claim in (
         (
             "exact",
