@@ -1,7 +1,10 @@
 """End to end: ``python -m experiments.reproduce table=sure table.scale=smoke`` (a SURE-Score
 model and DSM on noisy digits, DSM on clean digits, each an experiments.train run, judged
-against the clean test digits; writer, figure) and its one-line refusals."""
+against the clean test digits; writer, figure), then ``table=sure_reconstruct`` on the same
+trained priors (reconstructions of held-out digits through experiments.reconstruct), and
+their one-line refusals."""
 
+import numpy as np
 import pytest
 from entry_helpers import assert_table_refused, smoke_table
 from omegaconf import OmegaConf
@@ -32,6 +35,41 @@ def test_sure_smoke(tmp_path):
     summary = (run_dir / "sure_summary.md").read_text()
     assert "clean training digits (floor)" in summary and "competitive with clean" in summary
 
+    # table=sure_reconstruct finds the same priors complete in the same directory (its
+    # models are table=sure's: same overrides, same slugs) and reconstructs with each
+    trained = (run_dir / "runs/sure_0.5_seed0/checkpoints").stat().st_mtime_ns
+    _, rec = smoke_table("sure_reconstruct", ("psnr", "gap"), run_dir)
+    assert (run_dir / "runs/sure_0.5_seed0/checkpoints").stat().st_mtime_ns == trained
+    rows = rec["rows"]
+    assert {(r["task"], r["model"], r["method"]) for r in rows} == {
+        (t, lab, m)
+        for t in ("cs", "inpaint_box")
+        for lab in (
+            "DSM, clean digits (reference)",
+            "SURE-Score, noisy digits",
+            "DSM, noisy digits",
+        )
+        for m in ("pigdm", "dps")
+    }
+    for r in rows:
+        assert len(r["psnr_per_example"]) == 4  # the smoke scale's task.num_images
+        assert r["psnr"] == pytest.approx(sum(r["psnr_per_example"]) / 4)
+        out = run_dir / r["reconstructions"]
+        assert (out / f"reconstructions_{r['method']}.npz").is_file()
+    # every prior reconstructed the same measurements of the same test digits
+    ys = {
+        r["task"]: [
+            np.load(run_dir / q["reconstructions"] / "measurements.npz")["y"]
+            for q in rows
+            if q["task"] == r["task"]
+        ]
+        for r in rows
+    }
+    for task, arrays in ys.items():
+        assert all(np.array_equal(a, arrays[0]) for a in arrays), task
+    gap = (run_dir / "sure_reconstruct_gap.md").read_text()
+    assert "gap share recovered" in gap and "trained naively on the noisy data" in gap
+
 
 @pytest.mark.parametrize(
     "override,needle",
@@ -50,3 +88,16 @@ def test_sure_smoke(tmp_path):
 )
 def test_sure_refuses_bad_settings_in_one_line(tmp_path, override, needle):
     assert_table_refused(tmp_path, "sure", override, needle)
+
+
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        ("table.most=1.5", "table.most must be a number in (0.0, 1.0); got 1.5"),
+        ('table.tasks.cs=["task=cs","task.m=100"]', "task.m must be an integer in [1, 64]"),
+        ('table.tasks.cs=["task=nope"]', "table.tasks.cs (with table.reconstruct) must compose"),
+        ('table.tasks.cs=["task=cs","method.eta=0.5"]', "method.eta is used only by method ddrm"),
+    ],
+)
+def test_sure_reconstruct_refuses_bad_settings_in_one_line(tmp_path, override, needle):
+    assert_table_refused(tmp_path, "sure_reconstruct", override, needle)
