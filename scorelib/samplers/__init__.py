@@ -38,7 +38,9 @@ sampler runs on a random source (``SmoothedScore``, ``ReverseDiffusionScore``) o
 conditional one (class labels) as it is: the driver binds its draws and conditions to each
 block's examples
 (``source.for_examples``). ``langevin_mcmc`` is plain ULA/MALA on a target's log-density
-(``mcmc.py``), the baseline of reverse-diffusion Monte Carlo.
+(``mcmc.py``), the baseline of reverse-diffusion Monte Carlo. ``langevin_from_data`` is
+Koehler and Vuong's early-stopped Langevin on a vanilla score (one time of any source),
+started at training examples (``data_langevin.py``; ``langevin_from_noise`` beside it).
 
 **Adding a sampler**: a ``driver.StepRule`` subclass (options, stochastic property,
 option checks, default grid, NFE count, ``init``/``step``/``final``; see ``ode.py`` and
@@ -46,6 +48,7 @@ option checks, default grid, NFE count, ``init``/``step``/``final``; see ``ode.p
 """
 
 from scorelib.samplers.cfdm import cfdm_sample
+from scorelib.samplers.data_langevin import langevin_from_data, langevin_from_noise
 from scorelib.samplers.ddrm import ddrm
 from scorelib.samplers.draw import draw_samples
 from scorelib.samplers.driver import Sampler, StepRule
@@ -98,6 +101,8 @@ __all__ = [
     "annealed_langevin",
     "langevin_corrector",
     "langevin_mcmc",
+    "langevin_from_data",
+    "langevin_from_noise",
     "steps_for_budget",
     "corrector_step_size",
     "draw_samples",
