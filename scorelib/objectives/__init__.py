@@ -2,7 +2,8 @@
 
 Each objective's per-example losses come from ``objective.example_losses(source, x0,
 key)``; their weights live in :mod:`scorelib.objectives.weights`. A penalty on the
-asymmetry of the score's Jacobian wraps any of them (:class:`QuasiConservative`).
+asymmetry of the score's Jacobian wraps any of them (:class:`QuasiConservative`). A biased
+training set with a density ratio to its unbiased law: :class:`TIWLoss` (TIW-DSM).
 """
 
 from scorelib.objectives import weights
@@ -12,6 +13,7 @@ from scorelib.objectives.conservative import QuasiConservative, quasi_conservati
 from scorelib.objectives.dsm import DSM, EDMLoss
 from scorelib.objectives.smoothed import SmoothedScoreMatching
 from scorelib.objectives.sure import SURE, sure_risk
+from scorelib.objectives.tiw import ClassifierLogRatio, ExactLogRatio, TIWLoss
 from scorelib.objectives.tsm import (
     KAPPAS,
     TSM,
@@ -33,6 +35,9 @@ __all__ = [
     "DLSM",
     "SURE",
     "sure_risk",
+    "TIWLoss",
+    "ExactLogRatio",
+    "ClassifierLogRatio",
     "QuasiConservative",
     "quasi_conservative",
     "KAPPAS",
