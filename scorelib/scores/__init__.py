@@ -11,7 +11,9 @@ exact per-class source) and guidance (``guidance.py``) are sources too; the nois
 classifier that classifier guidance adds (``classifier.py``) lives beside them. Measurement-
 conditioned sources (``measured.py``: replacement/projection, DPS, PiGDM; a linear measurement
 bound per example) sample inverse problems' posteriors, and ``posterior.py`` gives the exact
-posterior of a Gaussian prior they are checked against.
+posterior of a Gaussian prior they are checked against. ``line_smoothing.py`` is the analytic
+model of score smoothing's interpolation (the smoothed piecewise-linear empirical score of
+points on a line, with its closed-form flow map).
 """
 
 from scorelib.scores.base import ScoreSource, denoiser_from_score, score_from_denoiser
@@ -21,6 +23,7 @@ from scorelib.scores.empirical import EmpiricalScore
 from scorelib.scores.gaussian import GaussianScore, gaussian_flow, gaussian_marginal_sample
 from scorelib.scores.gaussian_fit import fit_gaussian, fit_kmeans_mixture
 from scorelib.scores.jacobian import jacobian_asymmetry
+from scorelib.scores.line_smoothing import SmoothedLineScore
 from scorelib.scores.manywell import ManyWellNoisyScore
 from scorelib.scores.measured import DPS, MeasuredScore, Observations, PiGDM, Projection
 from scorelib.scores.mixture import MixtureScore
@@ -44,6 +47,7 @@ __all__ = [
     "MixtureScore",
     "EmpiricalScore",
     "SmoothedScore",
+    "SmoothedLineScore",
     "NeighbourScore",
     "ManyWellNoisyScore",
     "ReverseDiffusionScore",
