@@ -157,31 +157,105 @@ def endpoint(a0, points, *, kappa: float, sigma0: float) -> np.ndarray:
     return np.where(on, m[k] + h[k] * (a0 - m[k]) / (h[k] - delta), nearest)
 
 
-def endpoint_law(points, *, kappa: float, sigma0: float) -> dict:
+def endpoint_law(points, *, kappa: float, sigma0: float, tol: float = 0.0) -> dict:
     """The law at noise 0 of the ODE started from the noised training set ``(1/n) sum_k
     N(y_k, sigma0^2)`` along the line: ``{"atoms": [n] mass landing exactly on each
-    training point, "between": the mass landing strictly between them}`` (float64).
+    training point, "between": the mass landing strictly between them, "near": [n] mass
+    landing within ``tol`` of each point (atoms included), "between_tol": the mass farther
+    than ``tol`` from every point}`` (float64).
 
     A start lands on ``y_j`` when it is in no ramp and ``y_j`` is nearest: when it lies in
-    ``[y_j - kappa sigma0, y_j + kappa sigma0]`` (the first point's interval open to the
-    left, the last one's to the right), each ramp spanning ``(y_k + kappa sigma0, y_{k+1} -
-    kappa sigma0)``.
+    ``[y_j - delta, y_j + delta]`` (``delta = kappa sigma0``; the first point's interval
+    open to the left, the last one's to the right), each ramp spanning ``(y_k + delta,
+    y_{k+1} - delta)``. A ramp start lands within ``tol`` of its ends when it is within
+    ``tol (h_k - delta) / h_k`` of the ramp's ends (the map is linear on the ramp).
 
     Raises:
-      ValueError: as :func:`endpoint`.
+      ValueError: as :func:`endpoint`, or naming ``tol`` (outside ``[0, min h_k)``).
     """
     y = np.asarray(points, np.float64)
     endpoint(y[:1], y, kappa=kappa, sigma0=sigma0)  # the checks
     h = 0.5 * np.diff(y)
-    m = 0.5 * (y[1:] + y[:-1])
+    tol = check_real(tol, "tol", low=0.0, high=float(h.min()), high_open=True)
     delta = kappa * sigma0
-    lo = np.concatenate([[-np.inf], m + h - delta])  # atom j's interval [lo_j, hi_j]
-    hi = np.concatenate([m - h + delta, [np.inf]])
-    cdf = norm.cdf((hi[:, None] - y[None, :]) / sigma0) - norm.cdf(
-        (lo[:, None] - y[None, :]) / sigma0
+
+    def mass(lo, hi):  # [j]: P(start in [lo_j, hi_j]), averaged over the n components
+        z = (hi[:, None] - y[None, :]) / sigma0, (lo[:, None] - y[None, :]) / sigma0
+        return (norm.cdf(z[0]) - norm.cdf(z[1])).mean(axis=1)
+
+    reach = tol * (h - delta) / h  # [n - 1]: the ramp starts that land within tol of an end
+    lo = np.concatenate([[-np.inf], y[1:] - delta])
+    hi = np.concatenate([y[:-1] + delta, [np.inf]])
+    atoms = mass(lo, hi)
+    near = mass(lo - np.concatenate([[0.0], reach]), hi + np.concatenate([reach, [0.0]]))
+    return {
+        "atoms": atoms,
+        "between": float(1.0 - atoms.sum()),
+        "near": near,
+        "between_tol": float(1.0 - near.sum()),
+    }
+
+
+def kappa_for_between(points, between: float, *, sigma0: float, tol: float = 0.0) -> float:
+    """The smoothing ``kappa`` whose :func:`endpoint_law` leaves mass ``between`` farther than
+    ``tol`` from every point (strictly between them for ``tol = 0``; the mass decreases
+    from ``kappa = 0`` to ``kappa sigma0 = min h_k``): how much smoothing a sample set's
+    interpolation amounts to. Clipped to that range: 0 when ``between`` exceeds the mass of
+    ``kappa = 0``.
+
+    Raises:
+      ValueError: naming ``between`` (outside [0, 1]), ``sigma0`` (<= 0) or ``tol``.
+    """
+    from scipy.optimize import brentq  # scipy's root finder; imported where it is used
+
+    b = check_real(between, "between", low=0.0, high=1.0)
+    sigma0 = check_real(sigma0, "sigma0", low=0.0, low_open=True)
+    y = np.asarray(points, np.float64)
+    top = 0.5 * np.diff(y).min() / sigma0 * (1 - 1e-9)
+
+    def gap(k):
+        return endpoint_law(y, kappa=k, sigma0=sigma0, tol=tol)["between_tol"] - b
+
+    if gap(0.0) <= 0:
+        return 0.0
+    if gap(top) >= 0:
+        return float(top)
+    return float(brentq(gap, 0.0, top, xtol=1e-10))
+
+
+def line_statistics(x, points, *, direction, origin=None, tol: float) -> dict:
+    """Where samples ``x: [n, d]`` lie against training points on a line: ``{"between": the
+    fraction farther than tol from every point along the line, "distance": the mean distance
+    to the line, "offset": the mean distance along the line to the nearest point}`` (data
+    units, float64).
+
+    Raises:
+      ValueError: naming ``x`` (not ``[n, d]`` finite), ``tol`` (<= 0) or as
+        :meth:`SmoothedLineScore.create`.
+    """
+    y, o, u = _line(points, origin, direction)
+    tol = check_real(tol, "tol", low=0.0, low_open=True)
+    x = np.asarray(x, np.float64)
+    require(
+        x.ndim == 2 and x.shape[1] == u.size and np.all(np.isfinite(x)),
+        "x",
+        f"finite samples of shape [n, {u.size}]",
+        x.shape,
     )
-    atoms = cdf.mean(axis=1)  # [j]: averaged over the n starting components
-    return {"atoms": atoms, "between": float(1.0 - atoms.sum())}
+    a = (x - o) @ u
+    perp = np.linalg.norm(x - o - a[:, None] * u, axis=1)
+    off = np.abs(a[:, None] - y[None]).min(axis=1)
+    return {
+        "between": float(np.mean(off > tol)),
+        "distance": float(perp.mean()),
+        "offset": float(off.mean()),
+    }
 
 
-__all__ = ["SmoothedLineScore", "endpoint", "endpoint_law"]
+__all__ = [
+    "SmoothedLineScore",
+    "endpoint",
+    "endpoint_law",
+    "kappa_for_between",
+    "line_statistics",
+]

@@ -110,3 +110,42 @@ def test_bad_input_is_refused_naming_the_argument(call, needle):
     with pytest.raises(ValueError) as e:
         call()
     assert needle in str(e.value), str(e.value)
+
+
+def test_kappa_for_between_inverts_the_endpoint_law():
+    from scorelib.scores.line_smoothing import kappa_for_between
+
+    for kappa in (0.1, 0.7, 1.9):
+        b = endpoint_law(Y, kappa=kappa, sigma0=0.4)["between"]
+        assert abs(kappa_for_between(Y, b, sigma0=0.4) - kappa) < 1e-6
+        bt = endpoint_law(Y, kappa=kappa, sigma0=0.4, tol=0.05)["between_tol"]
+        assert abs(kappa_for_between(Y, bt, sigma0=0.4, tol=0.05) - kappa) < 1e-6
+    assert kappa_for_between(Y, 1.0, sigma0=0.4) == 0.0  # more than kappa = 0 leaves
+    assert abs(kappa_for_between(Y, 0.0, sigma0=0.4) - 2.5) < 1e-6  # h / sigma0
+
+
+def test_line_statistics_by_hand():
+    from scorelib.scores.line_smoothing import line_statistics
+
+    x = on_line([-1.0, 0.0, 2.96, 3.5], normal=[0.0, 0.5, 0.0, -1.0])
+    st = line_statistics(x, Y, direction=U, origin=O, tol=0.05)
+    assert st["between"] == 0.5  # 0.0 (offset 1) and 3.5 (offset 0.5); 2.96 is within 0.05
+    assert abs(st["distance"] - 0.375) < 1e-6
+    assert abs(st["offset"] - (0 + 1 + 0.04 + 0.5) / 4) < 1e-6
+
+
+@pytest.mark.parametrize("kappa", [0.0, 0.8])
+def test_endpoint_law_within_tol_matches_the_map(kappa):
+    """The closed-form mass within tol = 0.05 of each point equals the flow map's on 200k
+    starts within 4 s.e."""
+    n, sigma0, tol = 200_000, 0.4, 0.05
+    rng = np.random.default_rng(2)
+    a0 = Y[rng.integers(0, 4, n)] + sigma0 * rng.normal(size=n)
+    e = endpoint(a0, Y, kappa=kappa, sigma0=sigma0)
+    law = endpoint_law(Y, kappa=kappa, sigma0=sigma0, tol=tol)
+    for j, y in enumerate(Y):
+        got, w = np.mean(np.abs(e - y) <= tol), law["near"][j]
+        assert abs(got - w) <= 4 * np.sqrt(w * (1 - w) / n), (y, got, w)
+    b = law["between_tol"]
+    got = np.mean(np.abs(e[:, None] - Y[None]).min(axis=1) > tol)
+    assert abs(got - b) <= 4 * np.sqrt(b * (1 - b) / n)
