@@ -40,6 +40,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+from scipy.optimize import brentq
 from scipy.stats import norm
 
 from scorelib._checks import check_real, require
@@ -206,8 +207,6 @@ def kappa_for_between(points, between: float, *, sigma0: float, tol: float = 0.0
     Raises:
       ValueError: naming ``between`` (outside [0, 1]), ``sigma0`` (<= 0) or ``tol``.
     """
-    from scipy.optimize import brentq  # scipy's root finder; imported where it is used
-
     b = check_real(between, "between", low=0.0, high=1.0)
     sigma0 = check_real(sigma0, "sigma0", low=0.0, low_open=True)
     y = np.asarray(points, np.float64)
