@@ -142,7 +142,7 @@ def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
     for seed in (int(s) for s in tc.seeds):
         for (sigma_n, label), (name, overrides) in sure.models(tc, seed).items():
             path = run_dir / "runs" / slug(name)
-            _, _, wall = train_model(overrides, path, log)
+            train_model(overrides, path, log)  # trained here, or found complete
             for task in tc.tasks:
                 rc = reconstruct_config(path, tc, task)
                 methods = list(rc.method.names)
@@ -160,7 +160,6 @@ def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
                             "model": label,
                             "task": task,
                             "method": m,
-                            "train_s": wall,
                             "psnr": float(psnr.mean()),
                             "ssim": float(ssim.mean()),
                             "psnr_draw": r["psnr_draw"][0],
@@ -245,7 +244,6 @@ def report(results: list, measured: dict, tc: DictConfig, fig: Path) -> dict:
     cols = ["task", "sigma_n (data units)", "prior"]
     for m in methods:
         cols += [f"PSNR {m} (dB)", f"SSIM {m}"]
-    cols += ["train s"]
     rows = []
     for task in tc.tasks:
         order = [(None, CLEAN)] + [(s, lab) for s in levels for lab in (NAIVE, SURE)]
@@ -254,14 +252,11 @@ def report(results: list, measured: dict, tc: DictConfig, fig: Path) -> dict:
             for m in methods:
                 row += [_cell(pick(task, model, sigma_n, m, "psnr"))]
                 row += [_cell(pick(task, model, sigma_n, m, "ssim"))]
-            wall = pick(task, model, sigma_n, methods[0], "train_s")
-            rows.append([*row, float(np.mean(wall)) if wall else None])
+            rows.append(row)
         meas = measured[task]
         shown = f"measurement only ({meas['shown_as']})"
         rows.append(
-            [task, "-", shown]
-            + [meas["psnr"][0], meas.get("ssim", [None])[0]] * len(methods)
-            + [None]
+            [task, "-", shown] + [meas["psnr"][0], meas.get("ssim", [None])[0]] * len(methods)
         )
     gap_cols = [
         "task",
