@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from experiments import schema
 from experiments.classifier_schema import CLASSIFIER_OBJECTIVE_TARGETS
 from scorelib import parallel, training
-from scorelib._checks import check_choice, check_int, check_real
+from scorelib._checks import check_choice, check_int, check_real, require
 from scorelib.data import (
     get_batch,
     get_dequantised_batch,
@@ -72,7 +72,9 @@ SELECTED_FIELDS = {
 
 #: Fields of a ``_target_`` node that the builder takes itself (never passed to the class):
 #: ``{group: fields}``. ``objective.label_dropout``: the train step's (:func:`label_dropout`).
-BUILDER_FIELDS = {"objective": ("label_dropout",)}
+BUILDER_FIELDS = {
+    "objective": ("label_dropout", *(name for name, _, _ in schema.TIW_BUILDER_FIELDS))
+}
 
 
 def label_dropout(cfg: DictConfig) -> float:
@@ -358,24 +360,27 @@ def build_model(cfg: DictConfig, data_shape: tuple[int, ...], seed: int) -> nnx.
     return model
 
 
-def build_objective(cfg: DictConfig, process, data: Data | None = None):
+def build_objective(cfg: DictConfig, process, data: Data | None = None, log_ratio=None):
     """The objective of ``cfg.objective`` on ``process``, wrapped by ``cfg.penalty`` when one is
     chosen (``penalty=qc``); an objective whose builder takes ``train``
     (``objective=smoothed``) gets the training images of ``data``, one that takes
-    ``sigma_n`` (``objective=sure``) their noise level ``data.noise_sigma``.
+    ``sigma_n`` (``objective=sure``) their noise level ``data.noise_sigma``, one that takes
+    ``log_ratio`` (``objective=tiw``) ``log_ratio`` (``experiments.runs.score.tiw_log_ratio``
+    reads it from the classifier run).
 
     Raises:
       ValueError: naming the field (``objective.train`` for such an objective without image
-        data, ``objective.sigma_n`` for one without noisy image data, ``penalty.<field>``).
+        data, ``objective.sigma_n`` for one without noisy image data,
+        ``objective.classifier_run`` for one without a ratio, ``penalty.<field>``).
     """
-    objective = _build_unpenalised_objective(cfg, process, data)
+    objective = _build_unpenalised_objective(cfg, process, data, log_ratio)
     if cfg.get("penalty") is None:
         return objective
     target, kwargs = component_kwargs(cfg.penalty, "penalty")
     return get_object(target)(objective, **kwargs)
 
 
-def _build_unpenalised_objective(cfg: DictConfig, process, data: Data | None):
+def _build_unpenalised_objective(cfg: DictConfig, process, data: Data | None, log_ratio=None):
     if "target" in cfg.objective and "target" not in cfg.data:
         raise ValueError(
             f"objective.target: the objective {cfg.objective._target_} needs a target with a "
@@ -399,6 +404,14 @@ def _build_unpenalised_objective(cfg: DictConfig, process, data: Data | None):
     make = instantiate({"_target_": target, **kwargs}, _partial_=True, _convert_="all")
     fn = get_object(target)
     params = inspect.signature(fn.__init__ if inspect.isclass(fn) else fn).parameters
+    if "log_ratio" in params:
+        require(
+            log_ratio is not None,
+            "objective.classifier_run",
+            "a two-class experiments.train_classifier run (the density ratio's classifier)",
+            cfg.objective.get("classifier_run"),
+        )
+        return make(process=process, log_ratio=log_ratio)
     if "sigma_n" in params:
         noise = 0.0 if data is None or data.images is None else data.images.noise_sigma
         if not noise:

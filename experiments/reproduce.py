@@ -132,6 +132,40 @@ def check_table_kinds(table: DictConfig, choice: str) -> None:
         require(False, "table.smoke", "a mapping of the fields a smoke run changes", value["smoke"])
 
 
+def check_smoke_overrides(table: DictConfig, choice: str) -> None:
+    """Refuse, at ``table.scale=smoke``, a top-level field changed from the table's file that
+    the ``smoke`` block also sets: the smoke block replaces it (``experiments.tables.common.
+    scaled``), so the change would be ignored while ``metadata.json`` recorded it.
+
+    Raises:
+      ValueError: ``table.<field> is replaced by table.smoke.<field> at table.scale=smoke ...``.
+    """
+    path = CONFIG_DIR / "table" / f"{choice}.yaml"
+    if table.get("scale") != "smoke" or not path.is_file():
+        return
+    smoke = table.get("smoke")
+    if not OmegaConf.is_dict(smoke):
+        return
+    stored = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    given = OmegaConf.to_container(table, resolve=True)
+    _check_replaced(given, stored, OmegaConf.to_container(smoke, resolve=True), "table")
+
+
+def _check_replaced(given: dict, stored: dict, smoke: dict, field: str) -> None:
+    # the smoke merge replaces leaves and lists and recurses into mappings (OmegaConf.merge)
+    for key, sub in smoke.items():
+        if key not in stored or key not in given:
+            continue
+        if isinstance(sub, dict) and isinstance(given[key], dict) and isinstance(stored[key], dict):
+            _check_replaced(given[key], stored[key], sub, f"{field}.{key}")
+        elif given[key] != stored[key]:
+            smoke_field = field.replace("table", "table.smoke", 1)
+            raise ValueError(
+                f"{field}.{key} is replaced by {smoke_field}.{key} at table.scale=smoke: give "
+                f"{smoke_field}.{key}=... to change a smoke run; got {field}.{key}={given[key]}"
+            )
+
+
 def resolve_runner(table_cfg: DictConfig):
     """The ``run`` function of a table config.
 
@@ -166,12 +200,13 @@ def check_table(cfg: DictConfig):
 
     Raises:
       ValueError: as :func:`require_table`, :func:`check_table_fields`,
-        :func:`check_table_kinds`, :func:`resolve_runner`.
+        :func:`check_table_kinds`, :func:`check_smoke_overrides`, :func:`resolve_runner`.
     """
     table = require_table(cfg)
     choice = HydraConfig.get().runtime.choices.get("table")
     check_table_fields(table, choice)
     check_table_kinds(table, choice)
+    check_smoke_overrides(table, choice)
     return resolve_runner(table)
 
 

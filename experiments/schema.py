@@ -145,6 +145,26 @@ SmoothedObjectiveConfig = target_schema(
 SUREObjectiveConfig = target_schema(
     "SUREObjectiveConfig", "scorelib.objectives.SURE", (LABEL_DROPOUT,)
 )
+# objective=tiw reads its density ratio from a two-class experiments.train_classifier run
+# (objective.classifier_run, reference examples class 1): experiments.runs.score.tiw_log_ratio
+TIW_BUILDER_FIELDS = (
+    ("classifier_run", str, MISSING),
+    ("classifier_step", int | None, None),
+    ("prior_log_odds", float, 0.0),
+)
+TIWObjectiveConfig = make_schema(
+    "TIWObjectiveConfig",
+    [
+        ("_target_", str, "scorelib.objectives.TIWLoss"),
+        *signature_fields(
+            get_object("scorelib.objectives.TIWLoss"), skip=(*BUILT_ARGUMENTS, "log_ratio")
+        ),
+        *TIW_BUILDER_FIELDS,
+        LABEL_DROPOUT,
+    ],
+    "``scorelib.objectives.TIWLoss``: its arguments and their defaults, and the classifier "
+    "run its log ratio is read from.",
+)
 # penalty=qc wraps the run's objective (Chao et al., ICML 2022; scorelib.objectives.conservative)
 QCPenaltyConfig = target_schema("QCPenaltyConfig", "scorelib.objectives.quasi_conservative")
 
@@ -650,6 +670,7 @@ def group_schemas() -> dict[tuple[str, str], type]:
         ("objective", "dsm"): DSMConfig,
         ("objective", "smoothed"): SmoothedObjectiveConfig,
         ("objective", "sure"): SUREObjectiveConfig,
+        ("objective", "tiw"): TIWObjectiveConfig,
         ("penalty", "qc"): QCPenaltyConfig,
         ("data", "digits"): DigitsDataConfig,
         ("data", "mnist"): MnistDataConfig,

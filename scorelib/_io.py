@@ -19,6 +19,17 @@ from typing import IO
 import numpy as np
 
 
+def _file_mode() -> int:
+    """The mode ``open`` would give a new file: ``0o666`` less the process's umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+#: Read once at import (reading the umask sets it, which is not thread-safe).
+_FILE_MODE = _file_mode()
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
     """Open a temporary file beside ``path``; on a clean exit it replaces ``path``.
@@ -36,6 +47,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
+        os.fchmod(fd, _FILE_MODE)  # mkstemp's 0600 would hide results from a shared group
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()

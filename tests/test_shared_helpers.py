@@ -135,6 +135,17 @@ def test_atomic_write_replaces_whole_and_leaves_old_file_on_error(tmp_path):
             pass
 
 
+def test_atomic_writes_get_the_mode_open_would_give(tmp_path):
+    """Not mkstemp's 0600: a file written atomically gets a plain open's mode (0666 less the
+    umask), so results on a shared cluster reach the group."""
+    p = tmp_path / "r.txt"
+    with open(tmp_path / "plain.txt", "w") as f:
+        f.write("x")
+    _io.atomic_write_text(p, "x")
+    plain = os.stat(tmp_path / "plain.txt").st_mode & 0o777
+    assert os.stat(p).st_mode & 0o777 == plain
+
+
 def test_static_pytree_is_leafless_and_keys_the_jit_cache():
     @_pytree.static_pytree
     @dataclasses.dataclass(frozen=True)

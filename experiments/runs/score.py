@@ -36,6 +36,7 @@ from experiments.runs.conditioning import conditioned_source, sample_labels
 from experiments.runs.layout import display_path, samples_name, saved_steps
 from scorelib import parallel, training
 from scorelib._checks import check_real
+from scorelib.objectives import ClassifierLogRatio
 from scorelib.samplers import draw_samples, get_sampler
 
 
@@ -177,7 +178,7 @@ class ScoreRun(TrainedRun):
         data = build_data(cfg)
         check_conditioning(cfg, data)
         p_drop = label_dropout(cfg)
-        objective = build_objective(cfg, process, data)
+        objective = build_objective(cfg, process, data, tiw_log_ratio(cfg, process))
         sampling = build_sampler(cfg, process)
         model = build_model(cfg, data.data_shape, tc.seed)
         oc = cfg.optim
@@ -395,3 +396,35 @@ class ScoreRun(TrainedRun):
             return None
         run, state = cls.load(run_dir, step=step)
         return run.source(state.ema_params if use_ema else state.params)
+
+
+def tiw_log_ratio(cfg: DictConfig, process):
+    """``objective=tiw``'s density ratio: a :class:`scorelib.objectives.ClassifierLogRatio` of
+    the two-class classifier of ``objective.classifier_run`` (reference examples class 1) on
+    ``process``, with ``objective.prior_log_odds``; ``None`` for any other objective.
+
+    Raises:
+      ValueError, FileNotFoundError: naming ``objective.classifier_run`` (no such run, not a
+        classifier run, not two classes).
+    """
+    if cfg.objective.get("_target_") != "scorelib.objectives.TIWLoss":
+        return None
+    # the classifier run kind imports this module (its DLSM loss needs a score run)
+    from experiments.runs.classifier import load_classifier
+
+    run = cfg.objective.classifier_run
+    try:
+        classifier = load_classifier(run, cfg.objective.get("classifier_step"))
+    except (FileNotFoundError, ValueError) as e:
+        raise ValueError(
+            f"objective.classifier_run={run}: not a readable experiments.train_classifier run ({e})"
+        ) from None
+    if classifier.num_classes != 2:
+        raise ValueError(
+            f"objective.classifier_run={run}: a two-class classifier (reference 1, biased 0) "
+            f"is needed; got {classifier.num_classes} classes"
+        )
+    return ClassifierLogRatio(
+        classifier=classifier.with_process(process),
+        prior_log_odds=float(cfg.objective.prior_log_odds),
+    )

@@ -364,8 +364,14 @@ def write_report(
         figures = [figures]
     figs = "".join(f"![{Path(f).stem}]({os.path.relpath(Path(f), run_dir)})\n\n" for f in figures)
     notes = "".join(f"- {n}\n" for n in result.get("notes", []))
+    smoke = isinstance(cfg, (dict, DictConfig)) and cfg.get("scale") == "smoke"
+    banner = (
+        "**Smoke scale: a check of the pipeline. These numbers are not results.**\n\n"
+        if smoke
+        else ""
+    )
     head = (
-        f"# {name}\n\nReproduce with:\n\n```\n{command}\n```\n\n"
+        f"# {name}\n\n{banner}Reproduce with:\n\n```\n{command}\n```\n\n"
         f"Seeds: {', '.join(str(int(s)) for s in seeds)}. "
         f"Wall time of this launch: {wall_s:.0f} s.\n\n"
     )

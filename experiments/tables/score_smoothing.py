@@ -137,7 +137,9 @@ def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
         net = run_.source(state.ema_params)
         x = ode(net, x0, s0, steps)
         st = stats(x, "network, ODE from sigma0")
-        results[-1]["kappa_eff"] = kappa_for_between(y, st["between"], sigma0=s0, tol=tol)
+        most = endpoint_law(y, kappa=0.0, sigma0=s0, tol=tol)["between_tol"]
+        if st["between"] < most:  # else more than any kappa leaves: outside the model
+            results[-1]["kappa_eff"] = kappa_for_between(y, st["between"], sigma0=s0, tol=tol)
         xs, _ = run_.draw(state.ema_params, progress=False)
         stats(np.asarray(xs)[:n], "network, its sampler from sigma_max")
         if seed == int(tc.seeds[0]):
@@ -201,8 +203,8 @@ def report(results: list, tc: DictConfig, fig: Path) -> dict:
         "Between: the fraction of samples farther than table.tol from every point along the "
         "line; its closed form scorelib.scores.line_smoothing.endpoint_law(tol=...) for the "
         "smoothed scores. Effective kappa: the smoothing whose closed form leaves the "
-        "network's measured fraction between (kappa_for_between). Cells: mean ± std over the "
-        "seeds.",
+        "network's measured fraction between (kappa_for_between; blank when it exceeds what "
+        "kappa = 0 leaves, outside the model). Cells: mean ± std over the seeds.",
     ]
     return {
         "seeds": [int(s) for s in tc.seeds],

@@ -93,8 +93,11 @@ def _settings(cfg: DictConfig) -> DictConfig:
             rc.task.measurements,
         )
         # each operator built and each method's options checked, as experiments.reconstruct does
-        measurement, _ = build_measurement(rc.task, data.data_shape, jax.random.key(0))
-        method_options(rc.method, 1.0, measurement)
+        try:
+            measurement, _ = build_measurement(rc.task, data.data_shape, jax.random.key(0))
+            method_options(rc.method, 1.0, measurement)
+        except ValueError as e:
+            raise ValueError(f"table.tasks.{label}: {e}") from None
     return tc
 
 

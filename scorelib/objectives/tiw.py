@@ -69,10 +69,35 @@ class ExactLogRatio(struct.PyTreeNode):
     Fields:
       reference: the unbiased law's source (``p``).
       biased: the training law's source (``q``).
+
+    Raises:
+      ValueError: naming ``reference``/``biased`` (no ``log_prob``, or another process than
+        the other's: their times would mean different noise levels).
     """
 
     reference: Any = None
     biased: Any = None
+
+    def __post_init__(self):
+        for name in ("reference", "biased"):
+            src = getattr(self, name)
+            require(
+                callable(getattr(src, "log_prob", None)),
+                name,
+                "a source with log_prob(x, t) (e.g. a MixtureScore)",
+                type(src).__name__,
+            )
+        require(
+            self.reference.process == self.biased.process,
+            "biased",
+            f"a source on the reference's process ({self.reference.process})",
+            self.biased.process,
+        )
+
+    @property
+    def process(self):
+        """The two sources' process."""
+        return self.reference.process
 
     def log_ratio(self, x: Array, t: Array) -> Array:
         """``[batch]`` ``log p_t(x) - log q_t(x)`` at ``x: [batch, *data_shape]``, ``t``."""
@@ -98,6 +123,11 @@ class ClassifierLogRatio(struct.PyTreeNode):
     biased: int = struct.field(pytree_node=False, default=0)
     prior_log_odds: float = struct.field(pytree_node=False, default=0.0)
 
+    @property
+    def process(self):
+        """The classifier's process (``None`` when it has none)."""
+        return getattr(self.classifier, "process", None)
+
     def log_ratio(self, x: Array, t: Array) -> Array:
         """``[batch]`` log ratio at ``x: [batch, *data_shape]``, ``t``."""
         logits = self.classifier.logits(x, t)
@@ -111,7 +141,9 @@ def grad_log_ratio(log_ratio, x: Array, t: Array) -> Array:
 
 
 class TIWLoss(Objective, struct.PyTreeNode):
-    """The EDM loss on a biased training set, reweighted (and corrected) by a density ratio.
+    """The EDM loss on a biased training set, reweighted (and corrected) by a density ratio
+    (TIW-DSM, Kim et al., ICLR 2024; module docstring). Losses are per example in the EDM
+    loss's units (``lambda(sigma)`` times squared data units), ``[batch]``.
 
     Fields:
       process: the noise process (``sigma`` is its VE-frame level).
@@ -141,6 +173,7 @@ class TIWLoss(Objective, struct.PyTreeNode):
     ratio_max: float = struct.field(pytree_node=False, default=100.0)
 
     def __post_init__(self):
+        require(self.process is not None, "objective.process", "a noise process", None)
         EDMLoss(  # the EDM loss's own checks, one home for them
             self.process, self.P_mean, self.P_std, self.sigma_data, self.reduce
         )
@@ -150,6 +183,13 @@ class TIWLoss(Objective, struct.PyTreeNode):
             "objective.log_ratio",
             "an object with log_ratio(x, t) (ExactLogRatio, ClassifierLogRatio)",
             type(self.log_ratio).__name__,
+        )
+        own = getattr(self.log_ratio, "process", None)
+        require(
+            own is None or own == self.process,
+            "objective.log_ratio",
+            f"a ratio on the objective's process ({self.process}): its times are noise levels",
+            own,
         )
         check_real(self.logit_clip, "objective.logit_clip", low=0.0, low_open=True)
         lo = check_real(self.ratio_min, "objective.ratio_min", low=0.0, low_open=True)

@@ -76,7 +76,8 @@ def _check(source, t, step_size, num_samples, first_index) -> tuple[float, float
     require(
         isinstance(source, ScoreSource), "source", "a scorelib ScoreSource", type(source).__name__
     )
-    t = check_real(t, "t", low=0.0, low_open=True)
+    p = source.process
+    t = check_real(t, "t", low=float(p.t_min), high=float(p.t_max))
     h = check_real(step_size, "step_size", low=0.0, low_open=True, high_open=True)
     n = check_int(num_samples, "num_samples", low=1)
     first = check_int(first_index, "first_index", low=0)
@@ -123,7 +124,8 @@ def langevin_from_data(
       key: one PRNG key (module docstring, "Keys").
       data: ``[N, *data_shape]`` training examples (data units); each chain starts at one
         drawn uniformly (with replacement).
-      t: the source's time of the vanilla score (``> 0``; for EDM, ``t = sigma``).
+      t: the source's time of the vanilla score, in ``[t_min, t_max]`` of its process (for
+        EDM, ``t = sigma``).
       step_size: the ULA step ``h > 0`` (data units squared).
       n_steps: the stopping step ``K >= 0``, or strictly increasing stopping steps to record
         on one run (the state after ``K`` steps is the same either way).
@@ -144,6 +146,7 @@ def langevin_from_data(
     t, h, n, first = _check(source, t, step_size, num_samples, first_index)
     stops = _stops(n_steps)
     data = jnp.asarray(data)
+    require(data.ndim >= 2 and len(data) >= 1, "data", "[N, *data_shape] with N >= 1", data.shape)
     check_examples(source, data, "data")
     require(bool(jnp.isfinite(data).all()), "data", "finite values", "NaN or inf")
     keys = example_keys(key, n, first)
@@ -183,7 +186,14 @@ def langevin_from_noise(
     t, h, n, first = _check(source, t, step_size, num_samples, first_index)
     stops = _stops(n_steps)
     scale = check_real(init_scale, "init_scale", low=0.0, low_open=True)
-    shape = tuple(check_int(s, "data_shape", low=1) for s in data_shape)
+    shape = tuple(check_int(s, "data_shape", low=1) for s in np.atleast_1d(data_shape))
+    expected, _ = source.expected_data_shape()
+    require(
+        expected is None or shape == tuple(expected),
+        "data_shape",
+        f"the source's data shape {list(expected or [])}",
+        list(shape),
+    )
     keys = example_keys(key, n, first)
     x0 = scale * jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, 0), shape))(keys)
     check_examples(source, x0, "data_shape")

@@ -22,7 +22,8 @@ def test_score_smoothing_smoke(tmp_path):
     # kappa 0 keeps the start law along the line: most of it between the points
     assert rows["smoothed, kappa 0"]["between"] > rows["smoothed, kappa 1"]["between"] > 0.0
     assert rows["smoothed, kappa 0"]["distance"] < 1e-3  # the ODE collapses onto the line
-    assert 0.0 <= rows["network, ODE from sigma0"]["kappa_eff"] < 2.5
+    kappa = rows["network, ODE from sigma0"].get("kappa_eff")  # absent: outside the model
+    assert kappa is None or 0.0 <= kappa < 2.5
 
 
 @pytest.mark.parametrize(

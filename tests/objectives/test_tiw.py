@@ -124,3 +124,15 @@ def test_classifier_log_ratio_subtracts_the_batch_prior():
     )
     with pytest.raises(ValueError, match="n_biased must be"):
         classifier_log_ratio(_Logits(), n_reference=1, n_biased=0)
+
+
+def test_ratio_and_objective_must_share_the_process():
+    with pytest.raises(ValueError, match="biased must be a source on the reference's process"):
+        ExactLogRatio(reference=gauss(EDM(), MU_P), biased=gauss(VP(), MU_Q))
+    ratio = ExactLogRatio(reference=gauss(EDM(), MU_P), biased=gauss(EDM(), MU_Q))
+    with pytest.raises(ValueError, match="objective.log_ratio must be a ratio on the objective"):
+        TIWLoss(process=VP(), log_ratio=ratio)
+    with pytest.raises(ValueError, match="objective.process must be a noise process"):
+        TIWLoss(log_ratio=ratio)
+    with pytest.raises(ValueError, match="reference must be a source with log_prob"):
+        ExactLogRatio(reference=None, biased=gauss(EDM(), MU_Q))

@@ -96,7 +96,9 @@ def test_key_rule_and_recorded_stops():
         (dict(step_size=0.0), "step_size must be a number in (0.0, inf)"),
         (dict(n_steps=(5, 3)), "n_steps must be an integer >= 0 or strictly increasing"),
         (dict(n_steps=-1), "n_steps must be an integer"),
-        (dict(t=0.0), "t must be a number in (0.0, inf)"),
+        (dict(t=0.0), "t must be a number in [0.002, 80.0]"),
+        (dict(t=100.0), "t must be a number in [0.002, 80.0]"),
+        (dict(data=np.zeros((0, 1), np.float32)), "data must be [N, *data_shape] with N >= 1"),
         (dict(num_samples=0), "num_samples must be an integer"),
         (dict(data=np.zeros((5, 2), np.float32)), "data must have shape"),
         (dict(data=np.full((5, 1), np.nan, np.float32)), "data must be finite values"),
@@ -109,3 +111,16 @@ def test_bad_input_is_refused_naming_the_argument(kw, needle):
     with pytest.raises(ValueError, match=None) as e:
         langevin_from_data(TWO.noisy_score(EDM()), jax.random.key(0), data, **args)
     assert needle in str(e.value), str(e.value)
+
+
+def test_noise_start_shape_must_be_the_sources():
+    with pytest.raises(ValueError, match=r"data_shape must be the source's data shape \[1\]"):
+        langevin_from_noise(
+            TWO.noisy_score(EDM()),
+            jax.random.key(0),
+            (2,),
+            t=T,
+            step_size=0.01,
+            n_steps=1,
+            num_samples=2,
+        )

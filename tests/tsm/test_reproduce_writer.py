@@ -105,7 +105,9 @@ def test_table_is_required_and_the_choices_are_the_table_configs():
     names = table_names()
     assert names == sorted(p.stem for p in CONFIG.parent.glob("*.yaml"))
     assert "tsm_low_noise" in names and "gaussian_teleport" in names
-    with pytest.raises(ValueError, match=r"^table= is required; choose one of \['cfdm', 'fdistill"):
+    with pytest.raises(
+        ValueError, match=r"^table= is required; choose one of \['cfdm', 'data_langevin', 'fdistill"
+    ):
         require_table(OmegaConf.create({}))
     cfg = OmegaConf.create({"table": {"name": "tsm_low_noise"}})
     assert require_table(cfg).name == "tsm_low_noise"
