@@ -35,10 +35,13 @@ import math
 import os
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 from omegaconf import DictConfig
 
+from experiments.build import build_objective
 from experiments.runs.evaluation import CLASSIFIERS, evaluate_images
+from experiments.runs.score import tiw_log_ratio
 from experiments.tables.common import check_seeds, pm, scaled
 from experiments.tables.digits_models import check, train_model
 from experiments.tables.fdistill_digits import make_figure
@@ -47,6 +50,7 @@ from scorelib._checks import check_int, check_real
 from scorelib._io import atomic_savez, atomic_write_text
 from scorelib.data import load_digits
 from scorelib.metrics.classifier import FeatureExtractor, default_cache_dir
+from scorelib.objectives.tiw import effective_sample_fraction
 
 PAPER = (
     "TIW-DSM regenerates the unbiased density: closer to the unbiased data than DSM on the "
@@ -152,6 +156,42 @@ def models(tc: DictConfig, seed: int, data: dict, classifier_run: Path) -> dict:
     }
 
 
+def ratio_statistics(run, tc: DictConfig, data: dict, seed: int) -> list[dict]:
+    """The TIW model's weights ``w_t`` on the noised training examples at each of
+    ``table.ratio_sigmas``: their mean (1 for an exact ratio: ``E_q w_t = 1``), their
+    effective sample fraction, and their mean on the minority class and on the others beside
+    the exact class-level ratios (the class's share in the unbiased split over its share in
+    the training set)."""
+    objective = build_objective(run.cfg, run.process, None, tiw_log_ratio(run.cfg, run.process))
+    with np.load(data["score"]) as f:
+        x = f["images"].astype(np.float32) / 127.5 - 1.0
+        labels = f["labels"]
+    digits = load_digits()
+    k = int(tc.minority)
+    p_k = np.mean(digits.train_labels == k)
+    q_k = np.mean(labels == k)
+    rng = np.random.default_rng(seed)
+    out = []
+    for s in (float(v) for v in tc.ratio_sigmas):
+        t = objective.process.t_of_ve_sigma(jnp.full((len(x),), s))
+        alpha = np.asarray(objective.process.alpha(t))[:, None, None, None]
+        xt = alpha * (x + s * rng.normal(size=x.shape).astype(np.float32))
+        w = np.asarray(objective.weights(jnp.asarray(xt), t), np.float64)
+        out.append(
+            {
+                "seed": seed,
+                "sigma": s,
+                "mean": float(w.mean()),
+                "ess": effective_sample_fraction(w),
+                "minority": float(w[labels == k].mean()),
+                "others": float(w[labels != k].mean()),
+                "exact_minority": float(p_k / q_k),
+                "exact_others": float((1 - p_k) / (1 - q_k)),
+            }
+        )
+    return out
+
+
 def class_shares(extractor, x) -> np.ndarray:
     """``[10]`` shares of the bundled classifier's predicted classes."""
     return np.bincount(extractor.predict(x), minlength=10) / len(x)
@@ -170,7 +210,7 @@ def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
     )
     test_shares = class_shares(extractor, digits.test)
     clf_overrides = [*tc.classifier, "data=npz", f"data.path={_quote(data['classifier'])}"]
-    results, figure = [], {}
+    results, figure, ratios = [], {}, []
     for seed in (int(s) for s in tc.seeds):
         clf_dir = run_dir / "runs" / f"classifier_seed{seed}"
         acc = train_classifier_run(clf_overrides, seed, clf_dir, log)
@@ -192,6 +232,8 @@ def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
                 "fd_floor": m["fd_floor"],
             }
             results.append(row)
+            if key == "tiw":
+                ratios += ratio_statistics(run, tc, data, seed)
             if seed == int(tc.seeds[0]):
                 figure[ROWS[key]] = x[:64]
             log(
@@ -200,6 +242,7 @@ def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
             )
     record = {
         "rows": results,
+        "ratios": ratios,
         "test_shares": test_shares.tolist(),
         "n_reference": data["n_reference"],
         "n_biased": data["n_biased"],
@@ -269,16 +312,51 @@ def report(record: dict, tc: DictConfig) -> dict:
         "clean test digits (experiments.runs.evaluation.evaluate_images). Cells: mean ± std "
         "over the seeds.",
     ]
+    ratio_rows = []
+    for sigma in dict.fromkeys(r["sigma"] for r in record["ratios"]):
+        rs = [r for r in record["ratios"] if r["sigma"] == sigma]
+        ratio_rows.append(
+            [
+                sigma,
+                _cell([r["mean"] for r in rs]),
+                _cell([r["ess"] for r in rs]),
+                _cell([r["minority"] for r in rs]),
+                rs[0]["exact_minority"],
+                _cell([r["others"] for r in rs]),
+                rs[0]["exact_others"],
+            ]
+        )
+    notes.append(
+        "Ratio: the TIW model's clipped weights w_t on the training examples noised at each "
+        "sigma (TIWLoss.weights): their mean (1 for an exact ratio), Kish's effective sample "
+        f"fraction, and their means on class {k} and on the others beside the exact "
+        "class-level ratios (the class's share in the unbiased split over its share in the "
+        "training set; the exact ratio varies within a class too)."
+    )
     return {
         "seeds": [int(s) for s in tc.seeds],
         "tables": [
+            {
+                "name": "ratio",
+                "caption": "The discriminator's density ratio on the noised training examples.",
+                "columns": [
+                    "sigma",
+                    "mean w",
+                    "effective sample fraction",
+                    f"mean w, class {k}",
+                    f"class {k}, exact",
+                    "mean w, other classes",
+                    "other classes, exact",
+                ],
+                "rows": ratio_rows,
+            },
             {
                 "name": "summary",
                 "caption": "Models of biased digits: DSM, TIW-DSM and time-independent "
                 "reweighting against DSM on unbiased digits.",
                 "columns": cols,
                 "rows": rows,
-            }
+            },
         ],
         "notes": notes,
     }

@@ -46,6 +46,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from scorelib._checks import check_choice, check_int, check_real, require
@@ -243,6 +244,25 @@ class TIWLoss(Objective, struct.PyTreeNode):
         return xt, t
 
 
+def effective_sample_fraction(weights) -> float:
+    """Kish's effective sample size of importance weights as a fraction of their number,
+    ``(sum w)^2 / (n sum w^2)`` in ``(0, 1]`` (1: equal weights; ``1/n``: one weight holds
+    everything): how much of a reweighted batch still trains.
+
+    Raises:
+      ValueError: naming ``weights`` (not a non-empty array of finite numbers >= 0, not all
+        0).
+    """
+    w = np.asarray(weights, np.float64).reshape(-1)
+    require(
+        w.size >= 1 and bool(np.all(np.isfinite(w) & (w >= 0))) and w.sum() > 0,
+        "weights",
+        "a non-empty array of finite numbers >= 0, not all 0",
+        w.size,
+    )
+    return float(w.sum() ** 2 / (w.size * np.sum(w**2)))
+
+
 def classifier_log_ratio(classifier, *, n_reference: int, n_biased: int) -> ClassifierLogRatio:
     """The :class:`ClassifierLogRatio` of a two-class noise-conditional classifier trained on
     batches holding the reference (class 1) and biased (class 0) examples in the proportion
@@ -260,4 +280,11 @@ def classifier_log_ratio(classifier, *, n_reference: int, n_biased: int) -> Clas
     return ClassifierLogRatio(classifier=classifier, prior_log_odds=math.log(a / b))
 
 
-__all__ = ["TIWLoss", "ExactLogRatio", "ClassifierLogRatio", "classifier_log_ratio", "MODES"]
+__all__ = [
+    "TIWLoss",
+    "ExactLogRatio",
+    "ClassifierLogRatio",
+    "classifier_log_ratio",
+    "effective_sample_fraction",
+    "MODES",
+]

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 
 def test_tiw_digits_smoke(tmp_path):
     run_dir = tmp_path / "run"
-    _, res = smoke_table("tiw_digits", ("summary",), run_dir)
+    _, res = smoke_table("tiw_digits", ("summary", "ratio"), run_dir)
     assert {r["model"] for r in res["rows"]} == {"dsm", "tiw", "iw", "unbiased"}
     # the bias: class 8 keeps 10% of its examples outside the 100 reference ones
     with np.load(run_dir / "data/train.npz") as f:
@@ -28,6 +28,13 @@ def test_tiw_digits_smoke(tmp_path):
     assert OmegaConf.load(run_dir / "runs/iw_seed0/config.yaml").objective.mode == "iw"
     for r in res["rows"]:
         assert 0.0 <= r["minority_share"] <= 1.0 and 0.0 <= r["class_tv"] <= 1.0
+    # the exact class-level ratios: class 8's share of the unbiased split over its share of
+    # the training set, and the same for the others
+    k = np.load(run_dir / "data/train.npz")["labels"]
+    q8 = np.mean(k == 8)
+    for r in res["ratios"]:
+        assert r["exact_minority"] == pytest.approx(139 / 1438 / q8)  # 139 eights of 1438
+        assert r["exact_minority"] > 4 and 0.0 < r["ess"] <= 1.0
 
 
 @pytest.mark.parametrize(

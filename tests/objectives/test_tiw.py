@@ -136,3 +136,13 @@ def test_ratio_and_objective_must_share_the_process():
         TIWLoss(log_ratio=ratio)
     with pytest.raises(ValueError, match="reference must be a source with log_prob"):
         ExactLogRatio(reference=None, biased=gauss(EDM(), MU_Q))
+
+
+def test_effective_sample_fraction_by_hand():
+    from scorelib.objectives.tiw import effective_sample_fraction
+
+    assert effective_sample_fraction([2.0, 2.0, 2.0]) == pytest.approx(1.0)
+    assert effective_sample_fraction([1.0, 0.0, 0.0, 0.0]) == pytest.approx(0.25)
+    assert effective_sample_fraction([3.0, 1.0]) == pytest.approx(16 / (2 * 10))
+    with pytest.raises(ValueError, match="weights must be"):
+        effective_sample_fraction([0.0, 0.0])
