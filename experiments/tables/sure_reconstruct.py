@@ -104,7 +104,9 @@ def _settings(cfg: DictConfig) -> DictConfig:
 def reconstruct_overrides(run_path, tc: DictConfig, label: str) -> list[str]:
     """The ``experiments.reconstruct`` command line of task ``label`` on the run at
     ``run_path``."""
-    return [f"run_dir={run_path}", *tc.tasks[label], *tc.reconstruct]
+    # quoted: a table's run directory holds `[`, `]`, `=` and `,` (its overrides)
+    quoted = str(run_path).replace("\\", "\\\\").replace("'", "\\'")
+    return [f"run_dir='{quoted}'", *tc.tasks[label], *tc.reconstruct]
 
 
 def reconstruct_config(run_path, tc: DictConfig, label: str) -> DictConfig:

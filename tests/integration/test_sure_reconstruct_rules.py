@@ -42,3 +42,17 @@ def test_priors_are_table_sure_models():
     assert mine.overrides == theirs.overrides and mine.sure == theirs.sure
     assert mine.smoke.overrides == theirs.smoke.overrides
     assert mine.smoke.noise_levels == theirs.smoke.noise_levels
+
+
+def test_a_run_directory_with_override_characters_composes(tmp_path):
+    """A table's run directory is named by its overrides (`[`, `]`, `=`, `,`, quotes):
+    experiments.reconstruct must still read it as one run_dir."""
+    from hydra import initialize_config_dir
+
+    from experiments.tables.sure_reconstruct import reconstruct_config
+
+    odd = tmp_path / "table.overrides=['a=b',x]+seeds=[0,1]" / "runs" / "it's"
+    tc = OmegaConf.load(CONFIG_DIR / "table/sure_reconstruct.yaml")
+    with initialize_config_dir(str(CONFIG_DIR), version_base=None):
+        rc = reconstruct_config(odd, tc, "cs")
+    assert rc.run_dir == str(odd)
