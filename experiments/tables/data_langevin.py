@@ -41,7 +41,7 @@ from experiments.tables.common import check_seeds, pm, scaled
 from experiments.tables.digits_models import check, compose, slug, train_model
 from scorelib._checks import check_int, check_real, require
 from scorelib._io import atomic_write_text
-from scorelib.metrics import mode_statistics
+from scorelib.metrics import mean_displacement, mode_statistics
 from scorelib.samplers import langevin_from_data, langevin_from_noise
 
 PAPER = (
@@ -101,11 +101,11 @@ def sigma0(tc: DictConfig) -> float:
     return float(lo)
 
 
-def _row(x, target, start_points=None, std=1.0) -> dict:
+def _row(x, target, start_points=None) -> dict:
     stats = mode_statistics(np.asarray(x), target)
     out = {"tv": stats["tv"], "off_mode": stats["off_mode"]}
     if start_points is not None:
-        out["moved"] = float(np.linalg.norm(x - start_points, axis=-1).mean() / std)
+        out["moved"] = mean_displacement(x, start_points, target)
     return out
 
 
@@ -124,7 +124,6 @@ def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
             name = f"{label}_seed{seed}"
             runs[label] = train_model(overrides, run_dir / "runs" / slug(name), log)
         target = build_data(runs["vanilla"][0].cfg).target
-        std = float(np.sqrt(np.mean(np.asarray(target.eigvals))))
         key = jax.random.key(seed)
         train = np.asarray(target.sample(jax.random.fold_in(key, 0), int(tc.n_train)))
         floor = np.asarray(target.sample(jax.random.fold_in(key, 1), n))
@@ -146,7 +145,7 @@ def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
                 k = recorded.index(K)
                 for how, x, s in (("data", xd[k], xd[0]), ("noise", xn[k], xn[0])):
                     r = {"seed": seed, "score": score, "start": how, "K": K}
-                    results.append({**r, **_row(x, target, s, std)})
+                    results.append({**r, **_row(x, target, s)})
                 if seed == int(tc.seeds[0]):
                     figure[(score, K)] = (xd[k], xn[k])
             log(

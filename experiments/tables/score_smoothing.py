@@ -41,7 +41,13 @@ from scorelib._checks import check_int, check_real, require
 from scorelib._io import atomic_write_text
 from scorelib.samplers import edm_grid, heun
 from scorelib.scores import EmpiricalScore, SmoothedLineScore
-from scorelib.scores.line_smoothing import endpoint_law, kappa_for_between, line_statistics
+from scorelib.scores.line_smoothing import (
+    along_line,
+    endpoint_law,
+    kappa_for_between,
+    line_statistics,
+    line_through,
+)
 
 PAPER = (
     "smoothing the empirical score makes samples interpolate the training points along "
@@ -51,18 +57,15 @@ PAPER = (
 
 def line_of(target) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(positions [n], origin [d], direction [d])`` of a mixture target whose means lie on a
-    line (positions along ``direction`` from the origin, increasing).
+    line (``scorelib.scores.line_smoothing.line_through``).
 
     Raises:
       ValueError: naming ``table.overrides`` when the means are not on one line.
     """
-    m = np.asarray(target.means, np.float64)
-    u = (m[-1] - m[0]) / np.linalg.norm(m[-1] - m[0])
-    a = m @ u
-    o = m[0] - a[0] * u  # the line's point at position 0 (its foot from the origin)
-    off = np.linalg.norm(m - o - np.outer(a, u), axis=1).max()
-    require(off < 1e-3, "table.overrides", "a target whose means lie on a line", off)
-    return np.sort(a), o, u
+    try:
+        return line_through(target.means)
+    except ValueError as e:
+        raise ValueError(f"table.overrides: a target whose means lie on a line ({e})") from None
 
 
 def _settings(cfg: DictConfig) -> DictConfig:
@@ -225,14 +228,12 @@ def report(results: list, tc: DictConfig, fig: Path) -> dict:
 def make_figure(panels: dict, path: Path) -> None:
     """Histograms along the line of each score's samples, the training points marked."""
     plt = pyplot()
-    pts = panels.pop("training points")
-    u = (pts[-1] - pts[0]) / np.linalg.norm(pts[-1] - pts[0])
-    o = pts[0] - (pts[0] @ u) * u
+    y, o, u = line_through(panels.pop("training points"))
     fig, axes = plt.subplots(len(panels), 1, figsize=(6.0, 1.2 * len(panels)), sharex=True)
     for ax, (title, x) in zip(np.atleast_1d(axes), panels.items(), strict=True):
-        a = (np.asarray(x, np.float64) - o) @ u
+        a = along_line(x, direction=u, origin=o)
         ax.hist(a, bins=200, range=(-4.5, 4.5), color="C0")
-        for p in pts @ u:
+        for p in y:
             ax.axvline(p, color="C3", lw=0.6)
         ax.set_yticks([])
         ax.set_ylabel(title, fontsize=6, rotation=0, ha="right", va="center")

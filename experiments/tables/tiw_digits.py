@@ -35,7 +35,6 @@ import math
 import os
 from pathlib import Path
 
-import jax.numpy as jnp
 import numpy as np
 from omegaconf import DictConfig
 
@@ -49,6 +48,7 @@ from experiments.tables.guidance import classifier_config, train_classifier_run
 from scorelib._checks import check_int, check_real
 from scorelib._io import atomic_savez, atomic_write_text
 from scorelib.data import load_digits
+from scorelib.metrics import class_share_tv, class_shares
 from scorelib.metrics.classifier import FeatureExtractor, default_cache_dir
 from scorelib.objectives.tiw import effective_sample_fraction
 
@@ -166,17 +166,14 @@ def ratio_statistics(run, tc: DictConfig, data: dict, seed: int) -> list[dict]:
     with np.load(data["score"]) as f:
         x = f["images"].astype(np.float32) / 127.5 - 1.0
         labels = f["labels"]
-    digits = load_digits()
     k = int(tc.minority)
-    p_k = np.mean(digits.train_labels == k)
-    q_k = np.mean(labels == k)
+    p = class_shares(load_digits().train_labels, 10)  # the unbiased split's class shares
+    q = class_shares(labels, 10)  # the training set's
     rng = np.random.default_rng(seed)
     out = []
     for s in (float(v) for v in tc.ratio_sigmas):
-        t = objective.process.t_of_ve_sigma(jnp.full((len(x),), s))
-        alpha = np.asarray(objective.process.alpha(t))[:, None, None, None]
-        xt = alpha * (x + s * rng.normal(size=x.shape).astype(np.float32))
-        w = np.asarray(objective.weights(jnp.asarray(xt), t), np.float64)
+        noise = rng.normal(size=x.shape).astype(np.float32)
+        w = np.asarray(objective.weights_at(x, s, noise), np.float64)
         out.append(
             {
                 "seed": seed,
@@ -185,16 +182,16 @@ def ratio_statistics(run, tc: DictConfig, data: dict, seed: int) -> list[dict]:
                 "ess": effective_sample_fraction(w),
                 "minority": float(w[labels == k].mean()),
                 "others": float(w[labels != k].mean()),
-                "exact_minority": float(p_k / q_k),
-                "exact_others": float((1 - p_k) / (1 - q_k)),
+                "exact_minority": float(p[k] / q[k]),
+                "exact_others": float((1 - p[k]) / (1 - q[k])),
             }
         )
     return out
 
 
-def class_shares(extractor, x) -> np.ndarray:
+def predicted_shares(extractor, x) -> np.ndarray:
     """``[10]`` shares of the bundled classifier's predicted classes."""
-    return np.bincount(extractor.predict(x), minlength=10) / len(x)
+    return class_shares(extractor.predict(x), 10)
 
 
 def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
@@ -208,7 +205,7 @@ def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
     extractor = FeatureExtractor.load_or_train(
         CLASSIFIERS["digits"](), default_cache_dir(os.environ)
     )
-    test_shares = class_shares(extractor, digits.test)
+    test_shares = predicted_shares(extractor, digits.test)
     clf_overrides = [*tc.classifier, "data=npz", f"data.path={_quote(data['classifier'])}"]
     results, figure, ratios = [], {}, []
     for seed in (int(s) for s in tc.seeds):
@@ -219,14 +216,14 @@ def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
             run, state, wall = train_model(overrides, run_dir / "runs" / f"{key}_seed{seed}", log)
             x, _ = run.draw(state.ema_params, progress=False)
             x = np.asarray(x)
-            shares = class_shares(extractor, x)
+            shares = predicted_shares(extractor, x)
             m = evaluate_images(x, digits, "digits", seed=seed, floor_draws=int(tc.floor_draws))
             row = {
                 "seed": seed,
                 "model": key,
                 "train_s": wall,
                 "minority_share": float(shares[int(tc.minority)]),
-                "class_tv": float(0.5 * np.abs(shares - test_shares).sum()),
+                "class_tv": class_share_tv(shares, test_shares),
                 **{k: m[k] for k in ("c2st_pixels_samples", "recall_pixels_samples", "fd")},
                 "c2st_pixels_floor": m["c2st_pixels_floor"],
                 "fd_floor": m["fd_floor"],

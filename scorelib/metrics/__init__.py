@@ -16,7 +16,12 @@ from scorelib.metrics.classifier import (
     default_cache_dir,
     mnist_subset_config,
 )
-from scorelib.metrics.conditional import conditional_accuracy, per_class_two_sample
+from scorelib.metrics.conditional import (
+    class_share_tv,
+    class_shares,
+    conditional_accuracy,
+    per_class_two_sample,
+)
 from scorelib.metrics.conservative import score_asymmetry
 from scorelib.metrics.distances import (
     energy_distance,
@@ -37,7 +42,12 @@ from scorelib.metrics.memorisation import (
     nearest_neighbour_distances,
     nearest_neighbours,
 )
-from scorelib.metrics.modes import mode_statistics, well_barrier, well_mode_statistics
+from scorelib.metrics.modes import (
+    mean_displacement,
+    mode_statistics,
+    well_barrier,
+    well_mode_statistics,
+)
 from scorelib.metrics.ood import (
     NormDensity,
     auroc,
@@ -80,6 +90,8 @@ __all__ = [
     "noisy_classifier_accuracy",
     "classifier_gradient_error",
     "conditional_accuracy",
+    "class_shares",
+    "class_share_tv",
     "default_classifier",
     "dequantise",
     "default_cache_dir",
@@ -97,6 +109,7 @@ __all__ = [
     "median_bandwidth",
     "memorisation_stats",
     "mode_statistics",
+    "mean_displacement",
     "mmd_rbf",
     "mnist_subset_config",
     "nearest_neighbour_distances",

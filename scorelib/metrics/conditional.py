@@ -38,7 +38,7 @@ import math
 
 import numpy as np
 
-from scorelib._checks import check_array, check_example_sets, check_int
+from scorelib._checks import check_array, check_example_sets, check_int, require
 from scorelib.metrics.precision_recall import precision_recall
 from scorelib.metrics.two_sample import c2st, default_classifier_for
 
@@ -61,6 +61,38 @@ def _binomial(right: np.ndarray) -> tuple[float, float]:
     """The mean of ``right: [n]`` bool and its binomial standard error."""
     acc = float(np.mean(right))
     return acc, math.sqrt(acc * (1.0 - acc) / right.size)
+
+
+def class_shares(predictions, num_classes: int) -> np.ndarray:
+    """``[num_classes]`` share of each class among ``predictions: [n]`` (class indices, e.g.
+    a classifier's reading of samples), float64.
+
+    Raises:
+      ValueError: naming ``predictions`` (empty, or a class outside ``0..num_classes-1``).
+    """
+    p = np.asarray(predictions).reshape(-1)
+    require(
+        p.size >= 1
+        and np.issubdtype(p.dtype, np.integer)
+        and p.min() >= 0
+        and p.max() < num_classes,
+        "predictions",
+        f"a non-empty array of class indices in [0, {num_classes - 1}]",
+        p[:5].tolist(),
+    )
+    return np.bincount(p, minlength=num_classes) / p.size
+
+
+def class_share_tv(a, b) -> float:
+    """Total variation ``0.5 sum_c |a_c - b_c|`` between two class-share vectors (e.g. of
+    samples and of test data, :func:`class_shares`), in ``[0, 1]``.
+
+    Raises:
+      ValueError: naming ``b`` (another length than ``a``).
+    """
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    require(a.shape == b.shape, "b", f"class shares of a's length {a.shape}", b.shape)
+    return float(0.5 * np.abs(a - b).sum())
 
 
 def conditional_accuracy(predictions, labels) -> dict:

@@ -71,6 +71,21 @@ def mode_statistics(
     }
 
 
+def mean_displacement(x: Any, start: Any, target: Any) -> float:
+    """The mean Euclidean distance of samples ``x: [n, d]`` from their chains' starts
+    ``start: [n, d]``, in units of the mixture ``target``'s component std (the RMS over its
+    components' covariance eigenvalues): how far Langevin chains moved within a mode.
+
+    Raises:
+      ValueError: naming ``start`` (another shape than ``x``) or ``x`` (not ``[n, d]``).
+    """
+    a, b = np.asarray(x, np.float64), np.asarray(start, np.float64)
+    require(a.ndim == 2 and len(a) >= 1, "x", "[n, d] samples", a.shape)
+    require(b.shape == a.shape, "start", f"of x's shape {a.shape}", b.shape)
+    scale = float(np.sqrt(np.mean(np.asarray(target.eigvals))))
+    return float(np.linalg.norm(a - b, axis=-1).mean() / scale)
+
+
 def well_barrier(target: Any) -> float:
     """The barrier of one double well ``E(x) = a x^4 - b x^2 - c x``: the middle root of
     ``E'(x) = 4 a x^3 - 2 b x - c = 0``, the local minimum of the density between its modes.

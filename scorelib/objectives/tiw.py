@@ -204,6 +204,23 @@ class TIWLoss(Objective, struct.PyTreeNode):
             logr, logit_clip=self.logit_clip, ratio_min=self.ratio_min, ratio_max=self.ratio_max
         )
 
+    def weights_at(self, x0: Array, sigma: float, noise: Array) -> Array:
+        """``[batch]`` weights ``w_t(x_t)`` of clean examples ``x0: [batch, *data_shape]``
+        noised at VE level ``sigma`` with standard normals ``noise`` (``x_t = alpha(t) (x0 +
+        sigma noise)``): the weights the loss gives them at that noise level, for
+        diagnostics.
+
+        Raises:
+          ValueError: naming ``sigma`` (not > 0) or ``noise`` (another shape than ``x0``).
+        """
+        sigma = check_real(sigma, "sigma", low=0.0, low_open=True)
+        x0, noise = jnp.asarray(x0), jnp.asarray(noise, jnp.asarray(x0).dtype)
+        require(noise.shape == x0.shape, "noise", f"of x0's shape {x0.shape}", noise.shape)
+        p = self.process
+        t = p.t_of_ve_sigma(jnp.full((x0.shape[0],), sigma, x0.dtype))
+        xt = broadcast_to_data(p.alpha(t), x0) * (x0 + sigma * noise)
+        return self.weights(xt, t)
+
     def example_losses(self, source, x0, key):
         """Per example, by ``mode`` (module docstring), with EDM's draws of ``(sigma, n)``.
 

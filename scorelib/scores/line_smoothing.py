@@ -222,6 +222,44 @@ def kappa_for_between(points, between: float, *, sigma0: float, tol: float = 0.0
     return float(brentq(gap, 0.0, top, xtol=1e-10))
 
 
+def along_line(x, *, direction, origin=None) -> np.ndarray:
+    """``[n]`` positions along the line ``origin + a direction`` (direction normalised here)
+    of the feet of samples ``x: [n, d]`` (data units, float64).
+
+    Raises:
+      ValueError: naming ``direction`` (zero), ``origin`` or ``x`` (another dimension).
+    """
+    u = np.asarray(direction, np.float64).reshape(-1)
+    require(np.linalg.norm(u) > 0, "direction", "a non-zero vector", u.tolist())
+    u = u / np.linalg.norm(u)
+    o = np.zeros_like(u) if origin is None else np.asarray(origin, np.float64).reshape(-1)
+    require(o.shape == u.shape, "origin", f"a vector of {u.size} entries", o.shape)
+    x = np.asarray(x, np.float64)
+    require(x.ndim == 2 and x.shape[1] == u.size, "x", f"[n, {u.size}] samples", x.shape)
+    return (x - o) @ u
+
+
+def line_through(points, *, tol: float = 1e-3) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The line through points of ``R^d`` that lie on one: ``(positions [n] increasing,
+    origin [d], direction [d])``, the direction from the first point to the last (unit), the
+    origin the line's point nearest to 0, positions along the direction from it.
+
+    Raises:
+      ValueError: naming ``points`` (not ``[n, d]`` with ``n >= 2`` distinct ends, or a point
+        farther than ``tol`` from the line).
+    """
+    m = np.asarray(points, np.float64)
+    require(m.ndim == 2 and len(m) >= 2, "points", "an [n, d] array with n >= 2", m.shape)
+    span = np.linalg.norm(m[-1] - m[0])
+    require(span > 0, "points", "a first and a last point that differ", span)
+    u = (m[-1] - m[0]) / span
+    o = m[0] - (m[0] @ u) * u
+    a = (m - o) @ u
+    off = float(np.linalg.norm(m - o - np.outer(a, u), axis=1).max())
+    require(off <= tol, "points", f"points on one line (within {tol:g})", f"{off:.3g} off it")
+    return np.sort(a), o, u
+
+
 def line_statistics(x, points, *, direction, origin=None, tol: float) -> dict:
     """Where samples ``x: [n, d]`` lie against training points on a line: ``{"between": the
     fraction farther than tol from every point along the line, "distance": the mean distance
@@ -241,7 +279,7 @@ def line_statistics(x, points, *, direction, origin=None, tol: float) -> dict:
         f"finite samples of shape [n, {u.size}]",
         x.shape,
     )
-    a = (x - o) @ u
+    a = along_line(x, direction=u, origin=o)
     perp = np.linalg.norm(x - o - a[:, None] * u, axis=1)
     off = np.abs(a[:, None] - y[None]).min(axis=1)
     return {
@@ -257,4 +295,6 @@ __all__ = [
     "endpoint_law",
     "kappa_for_between",
     "line_statistics",
+    "line_through",
+    "along_line",
 ]

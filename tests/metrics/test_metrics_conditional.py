@@ -336,3 +336,19 @@ def test_inconsistent_floor_and_features_are_refused(split):
         r"^reference must have shape \[m, \*shape=\(8, 8, 1\)\]",
         reference=split["reference"][:, :4],
     )
+
+
+def test_class_shares_and_their_tv_by_hand_and_on_biased_digits():
+    from scorelib.data import load_digits
+    from scorelib.metrics import class_share_tv, class_shares
+
+    np.testing.assert_allclose(class_shares([0, 2, 2, 1], 4), [0.25, 0.25, 0.5, 0.0])
+    assert class_share_tv([0.5, 0.5, 0.0], [0.25, 0.25, 0.5]) == pytest.approx(0.5)
+    d = load_digits()
+    test = class_shares(d.test_labels, 10)
+    good = class_share_tv(class_shares(d.train_labels, 10), test)  # the same law
+    kept = d.train_labels[(d.train_labels != 8) | (np.arange(len(d.train_labels)) % 10 == 0)]
+    bad = class_share_tv(class_shares(kept, 10), test)  # eights cut to 10%
+    assert good < 0.05 < 0.08 < bad
+    with pytest.raises(ValueError, match="predictions must be"):
+        class_shares([0, 10], 10)

@@ -146,3 +146,20 @@ def test_effective_sample_fraction_by_hand():
     assert effective_sample_fraction([3.0, 1.0]) == pytest.approx(16 / (2 * 10))
     with pytest.raises(ValueError, match="weights must be"):
         effective_sample_fraction([0.0, 0.0])
+
+
+def test_weights_at_average_one_under_the_biased_law():
+    """E_q[w_t(x_t)] = 1 for the exact ratio at every noise level: the mean of weights_at
+    over examples of q is 1 within 4 standard errors."""
+    ratio = ExactLogRatio(reference=gauss(EDM(), MU_P), biased=gauss(EDM(), MU_Q))
+    tiw = TIWLoss(process=EDM(), log_ratio=ratio, ratio_min=1e-6, ratio_max=1e6)
+    n = 100_000
+    xq = np.asarray(jax.random.normal(jax.random.key(3), (n, D)), np.float32)
+    for i, sigma in enumerate((0.05, 0.5, 2.0)):
+        noise = jax.random.normal(jax.random.key(10 + i), xq.shape)
+        w = np.asarray(tiw.weights_at(xq, sigma, noise), np.float64)
+        assert abs(w.mean() - 1) < 4 * w.std() / np.sqrt(n), (sigma, w.mean())
+    with pytest.raises(ValueError, match="sigma must be"):
+        tiw.weights_at(xq, 0.0, xq)
+    with pytest.raises(ValueError, match="noise must be of x0's shape"):
+        tiw.weights_at(xq, 0.5, xq[:3])

@@ -124,3 +124,13 @@ def test_noise_start_shape_must_be_the_sources():
             n_steps=1,
             num_samples=2,
         )
+
+
+def test_mean_displacement_by_hand():
+    from scorelib.metrics import mean_displacement
+
+    start = np.zeros((2, 1))
+    x = np.array([[0.5], [-1.5]])  # moved 0.5 and 1.5: mean 1, in units of std 0.5 -> 2
+    assert mean_displacement(x, start, TWO) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="start must be of x's shape"):
+        mean_displacement(x, np.zeros((3, 1)), TWO)

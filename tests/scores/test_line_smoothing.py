@@ -149,3 +149,17 @@ def test_endpoint_law_within_tol_matches_the_map(kappa):
     b = law["between_tol"]
     got = np.mean(np.abs(e[:, None] - Y[None]).min(axis=1) > tol)
     assert abs(got - b) <= 4 * np.sqrt(b * (1 - b) / n)
+
+
+def test_line_through_and_along_line_by_hand():
+    from scorelib.scores.line_smoothing import along_line, line_through
+
+    y, o, u = line_through(on_line(Y))
+    np.testing.assert_allclose(y, Y + O @ U, atol=1e-5)  # measured from the foot, not O
+    np.testing.assert_allclose(u, U, atol=1e-6)
+    np.testing.assert_allclose(o, [-0.5, 0.5], atol=1e-6)  # the line's foot from 0
+    np.testing.assert_allclose(
+        along_line(on_line([2.0], normal=[1.0]), direction=U, origin=O), [2.0], atol=1e-6
+    )
+    with pytest.raises(ValueError, match="points must be points on one line"):
+        line_through(np.array([[0.0, 0.0], [1.0, 1.0], [2.0, 0.0]]))
