@@ -146,6 +146,13 @@ def run_revision(run_dir: Path) -> str:
     return git.get("commit", "unknown")[:7] + (" (dirty)" if git.get("dirty") else "")
 
 
+def quoted_path(path) -> str:
+    """``path`` as a single-quoted Hydra override value: a table's run directory is named by
+    its overrides and holds ``[``, ``]``, ``=`` and ``,``, which the override grammar would
+    parse; backslashes and quotes escaped."""
+    return "'" + str(path).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def pm(mean: float, std: float, sig: int = 3) -> str:
     """``"mean ± std"`` for tables that report a spread over seeds."""
     return f"{fmt(float(mean), sig)} ± {fmt(float(std), 2)}"

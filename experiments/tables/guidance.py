@@ -65,6 +65,7 @@ from experiments.tables.common import (
     check_digits_run,
     check_seeds,
     compose_config,
+    quoted_path,
     relative_path,
     scaled,
 )
@@ -309,9 +310,8 @@ def classifier_config(overrides, seed: int, score_run=None) -> DictConfig:
     ``score_run``, DLSM's frozen score)."""
     register_classifier_configs()
     extra = [f"trainer.seed={seed}"]
-    if score_run:  # quoted: a table's run directory holds `[`, `]`, `=` (its overrides)
-        quoted = str(score_run).replace("\\", "\\\\").replace("'", "\\'")
-        extra.append(f"score_run='{quoted}'")
+    if score_run:
+        extra.append(f"score_run={quoted_path(score_run)}")
     return compose_config("train_classifier", [*overrides, *extra])
 
 

@@ -43,7 +43,7 @@ from experiments.build import build_data
 from experiments.runs.layout import pyplot, save_figure
 from experiments.runs.reconstruction import build_measurement, method_options, reconstruct
 from experiments.tables import sure
-from experiments.tables.common import check_seeds, compose_config, pm, scaled
+from experiments.tables.common import check_seeds, compose_config, pm, quoted_path, scaled
 from experiments.tables.digits_models import check, compose, slug, train_model
 from scorelib._checks import check_real, require
 from scorelib._io import atomic_write_text
@@ -104,9 +104,7 @@ def _settings(cfg: DictConfig) -> DictConfig:
 def reconstruct_overrides(run_path, tc: DictConfig, label: str) -> list[str]:
     """The ``experiments.reconstruct`` command line of task ``label`` on the run at
     ``run_path``."""
-    # quoted: a table's run directory holds `[`, `]`, `=` and `,` (its overrides)
-    quoted = str(run_path).replace("\\", "\\\\").replace("'", "\\'")
-    return [f"run_dir='{quoted}'", *tc.tasks[label], *tc.reconstruct]
+    return [f"run_dir={quoted_path(run_path)}", *tc.tasks[label], *tc.reconstruct]
 
 
 def reconstruct_config(run_path, tc: DictConfig, label: str) -> DictConfig:

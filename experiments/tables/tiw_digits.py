@@ -41,7 +41,7 @@ from omegaconf import DictConfig
 from experiments.build import build_objective
 from experiments.runs.evaluation import CLASSIFIERS, evaluate_images
 from experiments.runs.score import tiw_log_ratio
-from experiments.tables.common import check_seeds, pm, scaled
+from experiments.tables.common import check_seeds, pm, quoted_path, scaled
 from experiments.tables.digits_models import check, train_model
 from experiments.tables.fdistill_digits import make_figure
 from experiments.tables.guidance import classifier_config, train_classifier_run
@@ -62,10 +62,6 @@ ROWS = {
     "iw": "IW-DSM (time-independent ratio)",
     "unbiased": "DSM, unbiased training split (reference)",
 }
-
-
-def _quote(path) -> str:
-    return "'" + str(path).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _settings(cfg: DictConfig) -> DictConfig:
@@ -139,12 +135,12 @@ def write_data(tc: DictConfig, out: Path) -> dict:
 
 def models(tc: DictConfig, seed: int, data: dict, classifier_run: Path) -> dict:
     """``{row key: overrides}`` of one seed's score models."""
-    npz = ["data=npz", f"data.path={_quote(data['score'])}", "data.sigma_data=0.5"]
+    npz = ["data=npz", f"data.path={quoted_path(data['score'])}", "data.sigma_data=0.5"]
     base = [*tc.overrides, *npz, f"trainer.seed={seed}"]
     odds = math.log(data["n_reference"] / data["n_biased"])
     tiw = [
         "objective=tiw",
-        f"objective.classifier_run={_quote(classifier_run)}",
+        f"objective.classifier_run={quoted_path(classifier_run)}",
         f"objective.prior_log_odds={odds}",
         "objective.P_mean=-1.6",  # the preset's EDM loss (configs/objective/edm_digits.yaml)
     ]
@@ -206,7 +202,7 @@ def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
         CLASSIFIERS["digits"](), default_cache_dir(os.environ)
     )
     test_shares = predicted_shares(extractor, digits.test)
-    clf_overrides = [*tc.classifier, "data=npz", f"data.path={_quote(data['classifier'])}"]
+    clf_overrides = [*tc.classifier, "data=npz", f"data.path={quoted_path(data['classifier'])}"]
     results, figure, ratios = [], {}, []
     for seed in (int(s) for s in tc.seeds):
         clf_dir = run_dir / "runs" / f"classifier_seed{seed}"
