@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import inspect
 import logging
+import os
 from typing import Any
 
 import jax
@@ -43,6 +44,8 @@ from scorelib.data import (
 from scorelib.data.images import ImageDataset, level_spacing
 from scorelib.data.noisy import check_noise_sigma, noisy_dataset
 from scorelib.data.toy import TOY_NAMES, toy_classes
+from scorelib.metrics import ClassifierConfig, FeatureExtractor, default_cache_dir
+from scorelib.metrics.perceptual import digits_classifier_distance, lpips_vgg16
 from scorelib.processes import Process
 from scorelib.samplers import get_sampler, make_grid
 from scorelib.scores import Labels
@@ -73,8 +76,14 @@ SELECTED_FIELDS = {
 #: Fields of a ``_target_`` node that the builder takes itself (never passed to the class):
 #: ``{group: fields}``. ``objective.label_dropout``: the train step's (:func:`label_dropout`).
 BUILDER_FIELDS = {
-    "objective": ("label_dropout", *(name for name, _, _ in schema.TIW_BUILDER_FIELDS))
+    "objective": (
+        "label_dropout",
+        *(name for name, _, _ in schema.TIW_BUILDER_FIELDS),
+        *(name for name, _, _ in schema.CASCADE_BUILDER_FIELDS),
+    )
 }
+#: ``objective.metric`` of ``objective=cascade``: the metric functions it can build.
+CASCADE_METRICS = ("digits_classifier", "lpips", "none")
 
 
 def label_dropout(cfg: DictConfig) -> float:
@@ -366,7 +375,8 @@ def build_objective(cfg: DictConfig, process, data: Data | None = None, log_rati
     (``objective=smoothed``) gets the training images of ``data``, one that takes
     ``sigma_n`` (``objective=sure``) their noise level ``data.noise_sigma``, one that takes
     ``log_ratio`` (``objective=tiw``) ``log_ratio`` (``experiments.runs.score.tiw_log_ratio``
-    reads it from the classifier run).
+    reads it from the classifier run), one that takes ``metric`` (``objective=cascade``) the
+    metric function of :func:`build_metric`.
 
     Raises:
       ValueError: naming the field (``objective.train`` for such an objective without image
@@ -412,6 +422,8 @@ def _build_unpenalised_objective(cfg: DictConfig, process, data: Data | None, lo
             cfg.objective.get("classifier_run"),
         )
         return make(process=process, log_ratio=log_ratio)
+    if "metric" in params:
+        return make(process=process, metric=build_metric(cfg.objective, data))
     if "sigma_n" in params:
         noise = 0.0 if data is None or data.images is None else data.images.noise_sigma
         if not noise:
@@ -432,6 +444,39 @@ def _build_unpenalised_objective(cfg: DictConfig, process, data: Data | None, lo
             return make(process=process, train=data.images.train, labels=data.images.train_labels)
         return make(process=process, train=data.images.train)
     return make(process=process)
+
+
+def build_metric(oc: DictConfig, data: Data | None):
+    """``objective=cascade``'s metric function of ``objective.metric`` (``CASCADE_METRICS``):
+    the LPIPS-form distance on the bundled digits classifier's layers, LPIPS (VGG16) with its
+    weights from ``objective.metric_weights``, or ``None``.
+
+    Raises:
+      ValueError: naming ``objective.metric`` (unknown; the digits classifier's on data that
+        are not the 8x8 digits) or ``objective.metric_weights`` (given without
+        ``metric=lpips``); ``FileNotFoundError`` for missing LPIPS weights.
+    """
+    name = check_choice(oc.get("metric"), "objective.metric", CASCADE_METRICS)
+    weights = oc.get("metric_weights")
+    if name != "lpips" and weights is not None:
+        raise ValueError(
+            "objective.metric_weights is used only with objective.metric=lpips; got "
+            f"objective.metric={name} (remove objective.metric_weights or set it to null)"
+        )
+    if name == "none":
+        return None
+    if name == "lpips":
+        require(weights is not None, "objective.metric_weights", "the LPIPS .npz", weights)
+        return lpips_vgg16(weights)
+    shape = None if data is None else tuple(data.data_shape)
+    require(
+        shape == (8, 8, 1),
+        "objective.metric",
+        "digits_classifier only on the 8x8 digits (data=digits, or an .npz of them)",
+        f"digits_classifier on data of shape {shape}",
+    )
+    extractor = FeatureExtractor.load_or_train(ClassifierConfig(), default_cache_dir(os.environ))
+    return digits_classifier_distance(extractor)
 
 
 # --------------------------------------------------------------------------- sampler

@@ -165,6 +165,37 @@ TIWObjectiveConfig = make_schema(
     "``scorelib.objectives.TIWLoss``: its arguments and their defaults, and the classifier "
     "run its log ratio is read from.",
 )
+# objective=cascade (Cas-DM): the metric is built by experiments.build.build_objective from
+# its name (objective.metric) and, for LPIPS, the weights' path (objective.metric_weights)
+CASCADE_BUILDER_FIELDS = (
+    ("metric", str, "digits_classifier"),
+    ("metric_weights", str | None, None),
+)
+CascadeObjectiveConfig = make_schema(
+    "CascadeObjectiveConfig",
+    [
+        ("_target_", str, "scorelib.objectives.CascadeLoss"),
+        *signature_fields(
+            get_object("scorelib.objectives.CascadeLoss"), skip=(*BUILT_ARGUMENTS, "metric")
+        ),
+        *CASCADE_BUILDER_FIELDS,
+    ],
+    "``scorelib.objectives.CascadeLoss``: its arguments and their defaults, and the metric's "
+    "name and weights.",
+)
+# model=cascade_digits: Cas-DM's two LocalMLPs in cascade (scorelib.nets.Cascade takes the
+# LocalMLP fields of both modules)
+CascadeModelConfig = make_schema(
+    "CascadeModelConfig",
+    [
+        ("_target_", str, "scorelib.nets.Cascade"),
+        *signature_fields(get_object("scorelib.nets.Cascade")),
+        *signature_fields(
+            get_object("scorelib.nets.LocalMLP"), skip=(*BUILT_ARGUMENTS, "num_classes")
+        ),
+    ],
+    "``scorelib.nets.Cascade``: its arguments and its two LocalMLPs' fields.",
+)
 # penalty=qc wraps the run's objective (Chao et al., ICML 2022; scorelib.objectives.conservative)
 QCPenaltyConfig = target_schema("QCPenaltyConfig", "scorelib.objectives.quasi_conservative")
 
@@ -666,11 +697,13 @@ def group_schemas() -> dict[tuple[str, str], type]:
         ("model", "mlp"): MLPConfig,
         ("model", "unet"): UNetConfig,
         ("model", "local_mlp"): LocalMLPConfig,
+        ("model", "cascade"): CascadeModelConfig,
         ("objective", "edm"): EDMLossConfig,
         ("objective", "dsm"): DSMConfig,
         ("objective", "smoothed"): SmoothedObjectiveConfig,
         ("objective", "sure"): SUREObjectiveConfig,
         ("objective", "tiw"): TIWObjectiveConfig,
+        ("objective", "cascade"): CascadeObjectiveConfig,
         ("penalty", "qc"): QCPenaltyConfig,
         ("data", "digits"): DigitsDataConfig,
         ("data", "mnist"): MnistDataConfig,

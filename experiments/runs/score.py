@@ -36,6 +36,7 @@ from experiments.runs.conditioning import conditioned_source, sample_labels
 from experiments.runs.layout import display_path, samples_name, saved_steps
 from scorelib import parallel, training
 from scorelib._checks import check_real
+from scorelib.nets import Cascade
 from scorelib.objectives import ClassifierLogRatio
 from scorelib.samplers import draw_samples, get_sampler
 
@@ -182,8 +183,10 @@ class ScoreRun(TrainedRun):
         sampling = build_sampler(cfg, process)
         model = build_model(cfg, data.data_shape, tc.seed)
         oc = cfg.optim
+        # a cascade's modules have separate losses: each is clipped by its own norm
+        groups = ("first", "second") if isinstance(model, Cascade) else None
         optimizer = training.make_optimizer(
-            oc.lr, oc.warmup_steps, oc.grad_clip, oc.b1, oc.b2, oc.eps
+            oc.lr, oc.warmup_steps, oc.grad_clip, oc.b1, oc.b2, oc.eps, clip_groups=groups
         )
         graphdef, state = training.init_state(model, optimizer, tc.seed)
         if mesh is not None:

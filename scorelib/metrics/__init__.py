@@ -8,8 +8,10 @@ classifier's guidance-gradient error and accuracy (``guidance.py``), and the est
 inverse-problem reconstructions (``reconstruction.py``: PSNR, SSIM, central-interval coverage
 of posterior draws, the posterior std map, data consistency) and of posterior draws against a
 known Gaussian posterior (``posterior.py``: W2 of the Gaussian fit, its Monte-Carlo floor, the
-per-pixel std calibration)."""
+per-pixel std calibration), the two modules of a cascaded denoiser (``cascade.py``) and
+perceptual distances (``perceptual.py``: LPIPS's form on a feature network's layers)."""
 
+from scorelib.metrics.cascade import cascade_errors
 from scorelib.metrics.classifier import (
     ClassifierConfig,
     FeatureExtractor,
@@ -70,6 +72,7 @@ from scorelib.metrics.score_error import explained_fraction, noisy_samples, rela
 from scorelib.metrics.two_sample import c2st, default_classifier
 
 __all__ = [
+    "cascade_errors",
     "calibrated_coverage",
     "coverage",
     "data_consistency",

@@ -3,11 +3,13 @@
 Each objective's per-example losses come from ``objective.example_losses(source, x0,
 key)``; their weights live in :mod:`scorelib.objectives.weights`. A penalty on the
 asymmetry of the score's Jacobian wraps any of them (:class:`QuasiConservative`). A biased
-training set with a density ratio to its unbiased law: :class:`TIWLoss` (TIW-DSM).
+training set with a density ratio to its unbiased law: :class:`TIWLoss` (TIW-DSM). Cas-DM's
+cascaded denoiser with a metric loss: :class:`CascadeLoss`.
 """
 
 from scorelib.objectives import weights
 from scorelib.objectives.base import Objective, example_draws, reduce_per_example
+from scorelib.objectives.cascade import CascadeLoss, cascade_denoisers
 from scorelib.objectives.classifier import DLSM, NoisyCrossEntropy
 from scorelib.objectives.conservative import QuasiConservative, quasi_conservative
 from scorelib.objectives.dsm import DSM, EDMLoss
@@ -36,6 +38,8 @@ __all__ = [
     "SURE",
     "sure_risk",
     "TIWLoss",
+    "CascadeLoss",
+    "cascade_denoisers",
     "ExactLogRatio",
     "ClassifierLogRatio",
     "QuasiConservative",

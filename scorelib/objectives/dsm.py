@@ -223,3 +223,15 @@ class EDMLoss(Objective):
         """``(x_t, t)`` of :meth:`example_losses` (:meth:`Objective.example_points`)."""
         _, t, xt = self._draws(x0, key)
         return xt, t
+
+
+def edm_loss_like(objective) -> EDMLoss:
+    """The :class:`EDMLoss` with ``objective``'s ``process, P_mean, P_std, sigma_data, reduce``
+    (the EDM term or draws of an objective built on it: SURE, Cas-DM's loss)."""
+    return EDMLoss(
+        process=objective.process,
+        P_mean=objective.P_mean,
+        P_std=objective.P_std,
+        sigma_data=objective.sigma_data,
+        reduce=objective.reduce,
+    )

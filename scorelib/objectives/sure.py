@@ -92,7 +92,7 @@ from scorelib._pytree import static_pytree
 from scorelib.divergence import ESTIMATORS, PROBE_NOISES, probe_vectors, value_and_divergence
 from scorelib.keys import example_keys
 from scorelib.objectives.base import Objective, example_source, source_labels
-from scorelib.objectives.dsm import EDMLoss
+from scorelib.objectives.dsm import EDMLoss, edm_loss_like
 from scorelib.objectives.weights import edm_weight
 from scorelib.processes.base import Process
 
@@ -237,13 +237,7 @@ class SURE(Objective):
     def dsm(self) -> EDMLoss:
         """The DSM term: :class:`EDMLoss` with this objective's ``P_mean, P_std, sigma_data,
         reduce``."""
-        return EDMLoss(
-            process=self.process,
-            P_mean=self.P_mean,
-            P_std=self.P_std,
-            sigma_data=self.sigma_data,
-            reduce=self.reduce,
-        )
+        return edm_loss_like(self)
 
     def example_losses(self, source, x0, key):
         """``sure_weight lambda(sigma_n) reduce(SURE) + lambda(sigma) reduce((D - x_hat)^2)``.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -37,6 +38,7 @@ def make_optimizer(
     b2: float = 0.999,
     eps: float = 1e-8,
     weight_decay: float | None = None,
+    clip_groups: tuple[str, ...] | None = None,
 ) -> optax.GradientTransformation:
     """``clip_by_global_norm(grad_clip)`` then Adam, or AdamW with ``weight_decay``, at the
     learning rate :func:`warmup_schedule`.
@@ -50,6 +52,11 @@ def make_optimizer(
       weight_decay: ``None`` for Adam; a rate (>= 0) for AdamW's decoupled weight decay
         ``p <- p - lr (adam_update + weight_decay p)`` (Loshchilov and Hutter 2019, Alg. 2),
         applied after the clipping.
+      clip_groups: the names of the parameter tree's top-level entries, to clip each by
+        its own norm (each ``grad_clip``) instead of the whole tree by one: for networks
+        whose parts have separate losses (``("first", "second")``, the two modules of
+        :class:`scorelib.nets.Cascade`), so that one part's gradient never scales
+        another's update; ``None``: one global norm.
 
     Returns:
       An ``optax.GradientTransformation``. Its state holds the update count, so
@@ -81,4 +88,16 @@ def make_optimizer(
         adam = optax.adamw(rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
     if grad_clip is None:
         return adam
-    return optax.chain(optax.clip_by_global_norm(grad_clip), adam)
+    if not clip_groups:
+        return optax.chain(optax.clip_by_global_norm(grad_clip), adam)
+    clips = {name: optax.clip_by_global_norm(grad_clip) for name in clip_groups}
+    return optax.chain(optax.multi_transform(clips, top_level_labels), adam)
+
+
+def top_level_labels(params):
+    """The tree of ``params`` with each leaf replaced by the key of its top-level entry."""
+    return jax.tree_util.tree_map_with_path(lambda path, _: str(_key(path[0])), params)
+
+
+def _key(entry):
+    return getattr(entry, "key", getattr(entry, "name", getattr(entry, "idx", entry)))
