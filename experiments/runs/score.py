@@ -37,7 +37,7 @@ from experiments.runs.layout import display_path, samples_name, saved_steps
 from scorelib import parallel, training
 from scorelib._checks import check_real
 from scorelib.nets import Cascade
-from scorelib.objectives import ClassifierLogRatio
+from scorelib.objectives import CascadeLoss, ClassifierLogRatio
 from scorelib.samplers import draw_samples, get_sampler
 
 
@@ -182,6 +182,7 @@ class ScoreRun(TrainedRun):
         objective = build_objective(cfg, process, data, tiw_log_ratio(cfg, process))
         sampling = build_sampler(cfg, process)
         model = build_model(cfg, data.data_shape, tc.seed)
+        check_cascade(cfg, model, objective)
         oc = cfg.optim
         # a cascade's modules have separate losses: each is clipped by its own norm
         groups = ("first", "second") if isinstance(model, Cascade) else None
@@ -399,6 +400,27 @@ class ScoreRun(TrainedRun):
             return None
         run, state = cls.load(run_dir, step=step)
         return run.source(state.ema_params if use_ema else state.params)
+
+
+def check_cascade(cfg: DictConfig, model, objective) -> None:
+    """Cas-DM's network and loss go together: ``objective=cascade`` reads the two modules of a
+    ``scorelib.nets.Cascade`` (``model=cascade_digits``), and a cascade trained by another
+    objective would pass that loss's gradient through the blend into both modules.
+
+    Raises:
+      ValueError: naming ``model`` or ``objective`` when one is a cascade's and the other not.
+    """
+    is_loss, is_net = isinstance(objective, CascadeLoss), isinstance(model, Cascade)
+    if is_loss and not is_net:
+        raise ValueError(
+            f"model: objective=cascade trains the two modules of a scorelib.nets.Cascade "
+            f"(model=cascade_digits); got {cfg.model._target_}"
+        )
+    if is_net and not is_loss:
+        raise ValueError(
+            f"objective: model=cascade_digits (scorelib.nets.Cascade) is trained by "
+            f"objective=cascade (each module its own loss); got {cfg.objective._target_}"
+        )
 
 
 def tiw_log_ratio(cfg: DictConfig, process):

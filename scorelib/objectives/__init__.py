@@ -9,7 +9,7 @@ cascaded denoiser with a metric loss: :class:`CascadeLoss`.
 
 from scorelib.objectives import weights
 from scorelib.objectives.base import Objective, example_draws, reduce_per_example
-from scorelib.objectives.cascade import CascadeLoss, cascade_denoisers
+from scorelib.objectives.cascade import CascadeLoss, SourcePair, cascade_denoisers
 from scorelib.objectives.classifier import DLSM, NoisyCrossEntropy
 from scorelib.objectives.conservative import QuasiConservative, quasi_conservative
 from scorelib.objectives.dsm import DSM, EDMLoss
@@ -40,6 +40,7 @@ __all__ = [
     "TIWLoss",
     "CascadeLoss",
     "cascade_denoisers",
+    "SourcePair",
     "ExactLogRatio",
     "ClassifierLogRatio",
     "QuasiConservative",

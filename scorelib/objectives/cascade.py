@@ -25,6 +25,7 @@ metric: the paper's baseline is the same network without it).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax.numpy as jnp
@@ -81,6 +82,31 @@ def cascade_denoisers(source, x: Array, t: Array) -> tuple[Array, Array]:
     c = edm_precond(sigma, source.sigma_data)
     x_in = broadcast_to_data(c.c_in, x) * (x / alpha)
     return net.denoisers(x_in, c.c_noise, rngs=source._rngs())
+
+
+@dataclasses.dataclass(frozen=True)
+class SourcePair:
+    """Two score sources read as a cascade's modules: ``(D1, D2) = (first.denoiser(x, t),
+    second.denoiser(x, t))`` (:func:`cascade_denoisers`). With an exact source on both sides
+    (:class:`scorelib.scores.GaussianScore`) it is the pair a metric-free cascade converges to
+    (Tweedie), the oracle of :class:`CascadeLoss` and :func:`scorelib.metrics.cascade_errors`;
+    with a network on one side it reads that network against the exact denoiser.
+
+    Fields:
+      first, second: score sources of the same process (``first.process``).
+    """
+
+    first: Any
+    second: Any
+
+    @property
+    def process(self):
+        """The first source's process."""
+        return self.first.process
+
+    def cascade_denoisers(self, x: Array, t: Array) -> tuple[Array, Array]:
+        """``(first.denoiser(x, t), second.denoiser(x, t))``."""
+        return self.first.denoiser(x, t), self.second.denoiser(x, t)
 
 
 class CascadeLoss(Objective, struct.PyTreeNode):

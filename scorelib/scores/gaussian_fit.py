@@ -57,13 +57,16 @@ def fit_gaussian(
     variance) of the fitted covariance equal to that of the sample covariance, and is
     the maximum-likelihood isotropic residual (probabilistic PCA, Tipping & Bishop 1999,
     eq. 8). When ``n - ddof < d`` the top ``r`` eigenpairs come from an SVD of the
-    centred ``[n, d]`` data, so no ``d x d`` matrix is formed.
+    centred ``[n, d]`` data, so no ``d x d`` matrix is formed. ``rank = 0`` is the isotropic
+    fit ``N(mu, (tr Sigma / d) I)`` (the baseline of Wang & Vastola's explained-variance
+    comparison).
 
     Args:
       process: the noise process the score source answers for.
       data: ``[n, *data_shape]`` training examples in data units (e.g. images in
         ``[-1, 1]``, NHWC), ``n >= 2``.
-      rank: ``None`` (full rank, ``U`` is ``[d, d]``) or an integer ``1 <= r <= d``.
+      rank: ``None`` (full rank, ``U`` is ``[d, d]``) or an integer ``0 <= r <= d`` (0:
+        isotropic, ``U`` is ``[d, 0]``).
       ddof: delta degrees of freedom of the covariance (1: unbiased; 0: maximum likelihood).
 
     Returns:
@@ -73,15 +76,15 @@ def fit_gaussian(
 
     Raises:
       ValueError: for data that is not real ``[n >= 2, ...]`` and finite, a ``rank`` outside
-        ``[1, d]``, or ``ddof`` not in ``[0, n)``.
+        ``[0, d]``, or ``ddof`` not in ``[0, n)``.
     """
     x, data_shape = _as_matrix(data)
     n, d = x.shape
     require(is_int(ddof) and 0 <= ddof < n, "ddof", f"an integer in [0, n = {n})", ddof)
     require(
-        rank is None or (is_int(rank) and 1 <= rank <= d),
+        rank is None or (is_int(rank) and 0 <= rank <= d),
         "rank",
-        f"None or an integer in [1, d = {d}]",
+        f"None or an integer in [0, d = {d}]",
         rank,
     )
     mean = x.mean(axis=0)

@@ -88,10 +88,17 @@ def make_optimizer(
         adam = optax.adamw(rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
     if grad_clip is None:
         return adam
+    return optax.chain(clip_transform(grad_clip, clip_groups), adam)
+
+
+def clip_transform(grad_clip: float, clip_groups: tuple[str, ...] | None = None):
+    """``optax.clip_by_global_norm(grad_clip)`` of the whole gradient tree, or (with
+    ``clip_groups``, the names of its top-level entries) of each entry alone (the first
+    transform of :func:`make_optimizer`)."""
     if not clip_groups:
-        return optax.chain(optax.clip_by_global_norm(grad_clip), adam)
+        return optax.clip_by_global_norm(grad_clip)
     clips = {name: optax.clip_by_global_norm(grad_clip) for name in clip_groups}
-    return optax.chain(optax.multi_transform(clips, top_level_labels), adam)
+    return optax.multi_transform(clips, top_level_labels)
 
 
 def top_level_labels(params):

@@ -83,6 +83,15 @@ BAD_COMMANDS = [
     (T, ["data.noise_sigma=0.2"], "data.dequantise must be false with data.noise_sigma"),
     (T, ["experiment=toy_dsm", "data.noise_sigma=0.2"], "data.noise_sigma is not a field of"),
     (T, ["+sampler.stepz=10"], "did you mean steps?"),
+    # Cas-DM: its network and loss together, the metric's options only where they apply
+    (T, ["experiment=casdm_digits", "model=local_digits"], "model: objective=cascade trains"),
+    (T, ["experiment=casdm_digits", "objective=edm_digits"], "objective: model=cascade_digits"),
+    (
+        T,
+        ["experiment=casdm_digits", "objective.metric_weights=w.npz"],
+        "objective.metric_weights is used only with objective.metric=lpips",
+    ),
+    (T, ["experiment=casdm_digits", "model.blend=avg"], "model.blend must be one of"),
     (
         T,
         ["experiment=toy_dsm", "sampler=dpmpp_2m", "sampler.S_churn=40"],

@@ -73,7 +73,20 @@ def test_rank_larger_than_the_data_span_completes_the_basis():
     assert float(g.residual_var) == pytest.approx(0.0, abs=1e-12)
 
 
-@pytest.mark.parametrize("bad", [dict(rank=0), dict(rank=11), dict(rank=True), dict(ddof=5)])
+@pytest.mark.parametrize("n", [200, 6])  # the covariance's eigh, and the SVD of the data
+def test_rank_zero_is_the_isotropic_fit(n):
+    x = data_set(n, 10, seed=3)
+    with jax.enable_x64(True):
+        g = fit_gaussian(EDM(), x, rank=0)
+        assert g.eigvecs.shape == (10, 0)
+        v = np.trace(np.cov(x.T)) / 10
+        np.testing.assert_allclose(cov_of(g), v * np.eye(10), rtol=1e-10)
+        q, mu = x[:3] + 0.5, x.mean(0)
+        d = g.denoiser(jnp.asarray(q), jnp.asarray(0.7))
+        np.testing.assert_allclose(d, mu + v / (v + 0.49) * (q - mu), rtol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [dict(rank=-1), dict(rank=11), dict(rank=True), dict(ddof=5)])
 def test_fit_rejects_bad_arguments(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         fit_gaussian(EDM(), data_set(5, 10), **bad)

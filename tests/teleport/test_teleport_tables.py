@@ -39,6 +39,33 @@ def test_largest_indistinguishable_skip_is_contiguous_from_zero():
     assert gt.largest_indistinguishable_skip(rows, alpha=0.005)["skip"] == 4
 
 
+def test_largest_paired_skip_reads_the_per_seed_differences():
+    """The MNIST Heun-18 case of issue 41: skip 7's mean FD is within one std of k = 0's over
+    seeds, but every seed rises (+4.3 +- 1.2): the paired rule stops before it."""
+    fd0 = [100.0, 110.0, 120.0]  # a large spread over seeds, shared by every skip
+    seeds = {0: fd0, 1: [99.0, 111.0, 119.5], 2: [100.5, 109.0, 121.0], 3: [104.0, 113.0, 126.0]}
+    rows = [{"skip": k, "nfe": 35 - 2 * k, "fd_seeds": v} for k, v in seeds.items()]
+    s = gt.largest_paired_skip(rows[::-1])
+    d2 = np.array(seeds[2]) - fd0  # +0.5, -1, +1: mean 0.17, se 0.6
+    assert s["skip"] == 2 and s["nfe_saved"] == pytest.approx(4 / 35)
+    assert s["rise"] == pytest.approx(d2.mean())
+    assert s["rise_se"] == pytest.approx(d2.std(ddof=1) / np.sqrt(3))
+    # the unpaired rule, on the same numbers, accepts skip 3 (mean 114.3 <= 110 + 10)
+    unpaired = [
+        {
+            "skip": k,
+            "sigma_skip": 1.0,
+            "nfe": 35 - 2 * k,
+            "fd_mean": np.mean(v),
+            "fd_std": np.std(v, ddof=1),
+        }
+        for k, v in seeds.items()
+    ]
+    assert gt.largest_safe_skip(unpaired)["skip"] == 3
+    one = [{"skip": 0, "nfe": 9, "fd_seeds": [5.0]}, {"skip": 1, "nfe": 8, "fd_seeds": [5.1]}]
+    assert gt.largest_paired_skip(one)["skip"] == 0  # one seed: any rise fails
+
+
 def test_settings_merge_smoke_and_validate():
     cfg = OmegaConf.load(CONFIGS / "gaussian_teleport.yaml")
     full = gt._settings(cfg)
@@ -53,6 +80,10 @@ def test_settings_merge_smoke_and_validate():
     bad = OmegaConf.load(CONFIGS / "gaussian_teleport.yaml")
     bad.sweeps[0].skips = [1, 2]
     with pytest.raises(ValueError, match="must include 0"):
+        gt._settings(bad)
+    bad = OmegaConf.load(CONFIGS / "gaussian_teleport.yaml")
+    bad.explained_query = "val"
+    with pytest.raises(ValueError, match="table.explained_query must be one of"):
         gt._settings(bad)
     bad = OmegaConf.load(CONFIGS / "gaussian_teleport.yaml")
     bad.scale = "huge"
