@@ -32,7 +32,10 @@ Start (``init``): ``"scaled"``, every chain at ``y = e^t x`` (the maximiser of t
 term), or ``"importance"``, ``n_proposals`` draws of ``N(y, v I)`` (the Gaussian factor of
 ``q_t``) weighted by ``p`` and resampled (self-normalised importance sampling; a warm start
 that sees every mode within a few ``sqrt(v)`` of ``y``). Which start the paper uses is not
-verified here (``docs/rdmc.md``).
+verified here (``docs/rdmc.md``). With ``estimator="snis"`` there are no chains: the
+posterior mean is the self-normalised importance-weighted mean of all ``n_proposals``
+proposals, ``sum_i w_i z_i / sum_i w_i`` with ``w_i = p(z_i)`` (the baseline that shows what
+the chains add to the importance start).
 
 A score source that is random. The source holds one key per example of the batch it will be
 called on (:meth:`ReverseDiffusionScore.for_examples`, by :func:`scorelib.keys.example_keys`,
@@ -73,7 +76,7 @@ from scorelib.scores.smoothed import time_bits
 Array = Any
 
 INITS = ("scaled", "importance")
-ESTIMATORS = ("dsi", "tsi")
+ESTIMATORS = ("dsi", "tsi", "snis")
 STREAM = 2**32 - 1  # the fold-in index of the source's draws below an example key
 
 
@@ -142,7 +145,9 @@ class ReverseDiffusionScore(ScoreSource):
           init: ``"scaled"`` or ``"importance"``.
           n_proposals: importance proposals per query (``>= 1``; default 64), with
             ``init="importance"`` only.
-          estimator: ``"dsi"`` (posterior mean, the paper's) or ``"tsi"`` (mean clean score).
+          estimator: ``"dsi"`` (posterior mean, the paper's), ``"tsi"`` (mean clean score)
+            or ``"snis"`` (the importance-weighted mean of the proposals, no chains: needs
+            ``init="importance"``, ``n_steps=0`` and ``n_samples=1``).
 
         Raises:
           ValueError: naming ``data.target`` for a target without a log-density, ``process``,
@@ -159,6 +164,19 @@ class ReverseDiffusionScore(ScoreSource):
         curvature = check_real(curvature, "score.curvature", low=0.0, low_open=True)
         method = check_method(method, "score.method")
         estimator = check_choice(estimator, "score.estimator", ESTIMATORS)
+        if estimator == "snis":
+            require(
+                init == "importance", "score.init", "importance with score.estimator=snis", init
+            )
+            require(
+                n_steps == 0, "score.n_steps", "0 with score.estimator=snis (no chains)", n_steps
+            )
+            require(
+                n_samples == 1,
+                "score.n_samples",
+                "1 with score.estimator=snis (no chains)",
+                n_samples,
+            )
         if init == "importance":
             n_proposals = check_int(
                 64 if n_proposals is None else n_proposals, "score.n_proposals", low=1
@@ -252,14 +270,13 @@ class ReverseDiffusionScore(ScoreSource):
             ``<= 0``.
         """
         b, d = self._check_query(x, t)
-        n, m = self.n_samples, self.n_proposals
+        n = self.n_samples
         xf = flatten(x)
         dtype = xf.dtype
         a = broadcast_to_data(self.process.alpha(t), xf)
         v = jnp.broadcast_to(self.process.ve_sigma(t) ** 2, (b,)).astype(dtype)  # [b]
         y = xf / a  # [b, d]: the mean of q_t's Gaussian factor
-        qk = jax.vmap(jax.random.fold_in, in_axes=(0, None))(self.keys, STREAM)
-        qk = jax.vmap(jax.random.fold_in)(qk, time_bits(t, b))  # [b]
+        qk = self._query_keys(t, b)  # [b]
         ck = jax.vmap(lambda k: jax.vmap(lambda c: jax.random.fold_in(k, 1 + c))(jnp.arange(n)))(
             qk
         )  # [b, n]
@@ -268,10 +285,7 @@ class ReverseDiffusionScore(ScoreSource):
         if self.init == "scaled":
             x_init = y_rep
         else:
-            eps = jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, 0), (m, d), dtype))(qk)
-            z = y[:, None, :] + jnp.sqrt(v)[:, None, None] * eps  # [b, m, d]
-            logw = self.target.log_prob(z.reshape(b * m, d)).reshape(b, m)
-            logw = jnp.where(jnp.isnan(logw), -jnp.inf, logw)
+            z, logw = self._proposals(qk, y, v)
 
             def pick(keys_b, logw_b, z_b):
                 idx = jax.vmap(lambda k: jax.random.categorical(jax.random.fold_in(k, 0), logw_b))(
@@ -309,13 +323,50 @@ class ReverseDiffusionScore(ScoreSource):
             "accept": out["accept"].reshape(b, n),
         }
 
+    def _query_keys(self, t: Array, b: int) -> Array:
+        """``k_bt`` of each example (module docstring), ``[b]``."""
+        qk = jax.vmap(jax.random.fold_in, in_axes=(0, None))(self.keys, STREAM)
+        return jax.vmap(jax.random.fold_in)(qk, time_bits(t, b))
+
+    def _proposals(self, qk: Array, y: Array, v: Array) -> tuple[Array, Array]:
+        """``n_proposals`` draws ``z ~ N(y, v I)`` per example (from ``fold_in(k_bt, 0)``)
+        and their log-weights ``log p(z)`` (``-inf`` where NaN): ``[b, m, d]``, ``[b, m]``."""
+        b, d = y.shape
+        m = self.n_proposals
+        eps = jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, 0), (m, d), y.dtype))(qk)
+        z = y[:, None, :] + jnp.sqrt(v)[:, None, None] * eps
+        logw = self.target.log_prob(z.reshape(b * m, d)).reshape(b, m)
+        return z, jnp.where(jnp.isnan(logw), -jnp.inf, logw)
+
+    def importance_mean(self, x: Array, t: Array) -> Array:
+        """The self-normalised importance estimate of ``E[x_0 | x_t = x]``: ``sum_i w_i z_i /
+        sum_i w_i`` over the ``n_proposals`` proposals ``z_i ~ N(x / alpha, v I)``, ``w_i =
+        p(z_i)`` (Owen, "Monte Carlo theory, methods and examples", 2013, eq. 9.8); ``[batch,
+        dim]``, data units. The ``estimator="snis"`` denoiser.
+
+        Raises:
+          ValueError: as :meth:`posterior_samples`; ``score.init`` without importance
+            proposals.
+        """
+        b, _ = self._check_query(x, t)
+        require(self.init == "importance", "score.init", "importance for its proposals", self.init)
+        xf = flatten(x)
+        y = xf / broadcast_to_data(self.process.alpha(t), xf)
+        v = jnp.broadcast_to(self.process.ve_sigma(t) ** 2, (b,)).astype(xf.dtype)
+        z, logw = self._proposals(self._query_keys(t, b), y, v)
+        w = jax.nn.softmax(logw, axis=-1)
+        return jnp.einsum("bm,bmd->bd", w, z)
+
     def denoiser(self, x, t):
         """``E[x_0 | x_t = x]`` estimated by the inner chains (DSI: their mean; TSI: Tweedie
-        of the TSI score); shape of ``x``, data units.
+        of the TSI score) or by the weighted proposals (SNIS, :meth:`importance_mean`); shape
+        of ``x``, data units.
 
         Raises:
           ValueError: as :meth:`posterior_samples`.
         """
+        if self.estimator == "snis":
+            return jnp.reshape(self.importance_mean(x, t), x.shape)
         if self.estimator == "tsi":
             return super().denoiser(x, t)
         return jnp.reshape(jnp.mean(self.posterior_samples(x, t)["x0"], axis=1), x.shape)
@@ -323,12 +374,12 @@ class ReverseDiffusionScore(ScoreSource):
     def score(self, x, t):
         """``grad log p_t(x)`` estimated by the inner chains (DSI: Tweedie of the posterior
         mean, ``E[(alpha x_0 - x) / sigma^2]``; TSI: ``E[grad log p(x_0)] / alpha``); shape
-        of ``x``, units of 1/data.
+        of ``x``, units of 1/data (SNIS: Tweedie of :meth:`importance_mean`).
 
         Raises:
           ValueError: as :meth:`posterior_samples`.
         """
-        if self.estimator == "dsi":
+        if self.estimator != "tsi":
             return super().score(x, t)
         mean = jnp.mean(self.posterior_samples(x, t)["grad"], axis=1)
         a = broadcast_to_data(self.process.alpha(t), flatten(x))

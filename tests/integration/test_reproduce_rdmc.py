@@ -18,6 +18,10 @@ def test_rdmc_smoke(tmp_path):
         assert (rdmc["grad"], rdmc["density"]) == (24, 4 * (2 * 3 + 8))
         assert rows["ULA"][0]["grad"] == rows["MALA"][0]["grad"] == 24
         assert rows["MALA (2x budget)"][0]["grad"] == 48
+        # the weighted proposals: no chains, 8 densities per query; the long row (4 x 4,
+        # 4 x 4 x 5 = 80 gradients) is beyond the budget the Langevin rows are matched to
+        assert (rows["snis"][0]["grad"], rows["snis"][0]["density"]) == (0, 4 * 8)
+        assert rows["long"][0]["grad"] == 80
         assert rows["exact samples"][0]["tv"] < 0.5 and rows["exact samples"][0]["energy"] >= 0
         assert len(rows["exact samples"][0]["weights"]) == 4
         oracle = rows["reverse OU with the exact score (no estimation error)"][0]

@@ -267,14 +267,69 @@ class CountingGauss(Target):
         return -x
 
 
+def test_snis_is_the_weighted_mean_of_the_documented_proposals_and_converges():
+    """estimator=snis: the weighted mean of the proposals drawn from fold_in(k_bt, 0), by a
+    float64 numpy loop; on the bimodal mixture its error against the exact denoiser,
+    standardised by the delta-method standard error of a self-normalised mean, is N(0, 1)."""
+    tg = GaussianMixtureTarget.create([0.3, 0.7], [[-1.0], [1.2]], stds=[0.4, 0.5], name="m")
+    t, b, m = 0.5, 200, 4096
+    src = source(
+        target=tg,
+        batch=b,
+        init="importance",
+        n_proposals=m,
+        n_steps=0,
+        n_samples=1,
+        estimator="snis",
+        curvature=1 / 0.4**2,
+    )
+    x = np.linspace(-1.0, 1.0, b)[:, None]
+    got = np.asarray(jax.jit(lambda s_, x_: s_.denoiser(x_, t))(src, jnp.asarray(x, jnp.float32)))
+    a, s = alpha_sigma(OU, t)
+    v = (s / a) ** 2
+    want, se = np.zeros(b), np.zeros(b)
+    for i in range(b):  # the module docstring's draws, by hand
+        kb = jax.random.fold_in(jax.random.fold_in(src.keys[i], 2**32 - 1), time_bits(t, 1)[0])
+        eps = np.asarray(jax.random.normal(jax.random.fold_in(kb, 0), (m, 1)), np.float64)
+        z = x[i, 0] / a + np.sqrt(v) * eps[:, 0]
+        logp = np.log(
+            sum(
+                w * np.exp(-0.5 * ((z - mu) / sd) ** 2) / sd
+                for w, mu, sd in ((0.3, -1.0, 0.4), (0.7, 1.2, 0.5))
+            )
+        )
+        w = np.exp(logp - logp.max())
+        w /= w.sum()
+        want[i] = np.sum(w * z)
+        se[i] = np.sqrt(np.sum(w**2 * (z - want[i]) ** 2))  # delta method (Owen 2013, 9.12)
+    np.testing.assert_allclose(got[:, 0], want, rtol=2e-4, atol=2e-4)
+    exact = MixtureScore.create(OU, tg.weights, tg.means, tg.covs)
+    d_exact = np.asarray(exact.denoiser(jnp.asarray(x, jnp.float32), t), np.float64)[:, 0]
+    zs = (want - d_exact) / se
+    assert abs(np.mean(zs)) < 0.3 and 0.6 < np.mean(zs**2) < 1.5, (np.mean(zs), np.mean(zs**2))
+    assert src.evaluations_per_query() == {"grad": 0, "density": m}
+
+
+def test_snis_refuses_the_options_it_does_not_use():
+    kw = dict(process=OU, estimator="snis")
+    for opts, field in (
+        (dict(n_steps=3, n_samples=1), "score.init must be importance with score.estimator=snis"),
+        (dict(init="importance", n_steps=3, n_samples=1), "score.n_steps must be 0 with"),
+        (dict(init="importance", n_steps=0, n_samples=8), "score.n_samples must be 1 with"),
+    ):
+        with pytest.raises(ValueError, match=field):
+            ReverseDiffusionScore.create(GAUSS, **kw, **opts)
+
+
 @pytest.mark.parametrize(
     "opts",
     [
         dict(method="mala", init="importance", n_proposals=5),
         dict(method="ula", estimator="tsi"),
         dict(method="mala", estimator="tsi", n_steps=0, init="importance", n_proposals=3),
+        dict(estimator="snis", n_steps=0, n_samples=1, init="importance", n_proposals=7),
     ],
-    ids=["mala-importance", "ula-tsi", "is-only-tsi"],
+    ids=["mala-importance", "ula-tsi", "is-only-tsi", "snis"],
 )
 @pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_target_evaluations_are_counted_exactly(opts):
