@@ -465,16 +465,28 @@ def build_metric(oc: DictConfig, data: Data | None):
         )
     if name == "none":
         return None
-    if name == "lpips":
-        require(weights is not None, "objective.metric_weights", "the LPIPS .npz", weights)
-        return lpips_vgg16(weights)
     shape = None if data is None else tuple(data.data_shape)
-    require(
-        shape == (8, 8, 1),
-        "objective.metric",
-        "digits_classifier only on the 8x8 digits (data=digits, or an .npz of them)",
-        f"digits_classifier on data of shape {shape}",
-    )
+    if name == "lpips":
+        require(
+            weights is not None,
+            "objective.metric_weights",
+            "the LPIPS .npz (objective.metric=lpips reads its weights from it)",
+            weights,
+        )
+        if shape is None or len(shape) != 3 or min(shape[:2]) < 16:
+            raise ValueError(
+                f"objective.metric: lpips (VGG16, four 2x2 poolings) needs images of at least "
+                f"16 x 16 pixels; got data of shape {shape} (digits_classifier for the 8x8 "
+                "digits, or none)"
+            )
+        return lpips_vgg16(weights)
+    if shape != (8, 8, 1):
+        raise ValueError(
+            "objective.metric: digits_classifier reads the 8x8 digits (data=digits, or an .npz "
+            f"of them); got data of shape {shape}: use objective.metric=lpips "
+            "objective.metric_weights=<.npz> (images of 16 px or more) or objective.metric=none "
+            "objective.metric_weight=0"
+        )
     extractor = FeatureExtractor.load_or_train(ClassifierConfig(), default_cache_dir(os.environ))
     return digits_classifier_distance(extractor)
 

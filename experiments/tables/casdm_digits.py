@@ -152,14 +152,18 @@ def _cell(v):
 
 
 def verdict(metric_rows: list[dict], base_rows: list[dict]) -> str:
-    """``'better'``, ``'worse'`` or ``'mixed'``: the metric rows' pixel C2ST against the
-    no-metric rows' of the same blend, seed by seed (lower is better)."""
+    """``'better in every seed'``, ``'worse ...'``, ``'no difference'`` (equal in every seed) or
+    ``'mixed'``: the metric rows' pixel C2ST against the no-metric rows' of the same blend,
+    seed by seed (lower is better; ``'(one seed)'`` for a single seed)."""
     base = {r["seed"]: r["c2st_pixels_samples"] for r in base_rows}
     diff = [r["c2st_pixels_samples"] - base[r["seed"]] for r in metric_rows]
+    seeds = "in every seed" if len(diff) > 1 else "(one seed)"
+    if all(d == 0 for d in diff):
+        return "no difference"
     if all(d < 0 for d in diff):
-        return "better in every seed"
+        return f"better {seeds}"
     if all(d > 0 for d in diff):
-        return "worse in every seed"
+        return f"worse {seeds}"
     return "mixed"
 
 

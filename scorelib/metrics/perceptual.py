@@ -167,7 +167,8 @@ def lpips_vgg16(path: str | os.PathLike) -> PerceptualDistance:
 
     Raises:
       FileNotFoundError: naming ``objective.metric_weights`` when ``path`` is missing.
-      ValueError: naming it for a file without these arrays or with other shapes.
+      ValueError: naming it for a file that is not an ``.npz`` of arrays, or one without
+        these arrays or with other shapes.
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(
@@ -176,8 +177,13 @@ def lpips_vgg16(path: str | os.PathLike) -> PerceptualDistance:
         )
     net = VGG16Features(rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(net, nnx.Param)
-    with np.load(path) as f:
-        arrays = dict(f)
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = dict(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(
+            f"objective.metric_weights: {path} is not a readable .npz of arrays ({e})"
+        ) from None
     pure = nnx.to_pure_dict(state)
     for i in range(len(net.convs)):
         for part, key in (("kernel", f"conv{i}_kernel"), ("bias", f"conv{i}_bias")):

@@ -135,12 +135,16 @@ class CascadeLoss(Objective, struct.PyTreeNode):
 
     def __post_init__(self):
         w = check_real(self.metric_weight, "objective.metric_weight", low=0.0)
-        require(
-            (self.metric is None) == (w == 0.0),
-            "objective.metric_weight",
-            "0 exactly when there is no metric (objective.metric=none)",
-            w,
-        )
+        if self.metric is None:
+            require(w == 0.0, "objective.metric_weight", "0 with objective.metric=none", w)
+        else:
+            require(
+                w > 0.0,
+                "objective.metric_weight",
+                "> 0 with a metric (for the cascade without one, objective.metric=none "
+                "objective.metric_weight=0)",
+                w,
+            )
         check_choice(self.reduce, "objective.reduce", REDUCTIONS)
         self._edm()  # the EDM loss's checks
 

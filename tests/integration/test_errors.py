@@ -92,6 +92,12 @@ BAD_COMMANDS = [
         "objective.metric_weights is used only with objective.metric=lpips",
     ),
     (T, ["experiment=casdm_digits", "model.blend=avg"], "model.blend must be one of"),
+    (T, ["experiment=casdm_digits", "data=mnist"], "objective.metric: digits_classifier reads"),
+    (
+        T,
+        ["experiment=casdm_digits", "objective.metric=lpips", "objective.metric_weights=w.npz"],
+        "objective.metric: lpips (VGG16, four 2x2 poolings) needs images of at least 16",
+    ),
     (
         T,
         ["experiment=toy_dsm", "sampler=dpmpp_2m", "sampler.S_churn=40"],

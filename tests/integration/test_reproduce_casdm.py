@@ -7,6 +7,8 @@ import pytest
 from entry_helpers import assert_table_refused, smoke_table
 from omegaconf import OmegaConf
 
+from experiments.tables.casdm_digits import verdict
+
 pytestmark = pytest.mark.slow
 
 
@@ -38,3 +40,14 @@ def test_casdm_digits_smoke(tmp_path):
 )
 def test_casdm_digits_refuses_bad_settings_in_one_line(tmp_path, override, needle):
     assert_table_refused(tmp_path, "casdm_digits", override, needle)
+
+
+def test_verdict_reads_each_seed():
+    def rows(*c2st):
+        return [{"seed": s, "c2st_pixels_samples": c} for s, c in enumerate(c2st)]
+
+    assert verdict(rows(0.5), rows(0.5)) == "no difference"
+    assert verdict(rows(0.4), rows(0.5)) == "better (one seed)"
+    assert verdict(rows(0.4, 0.3), rows(0.5, 0.5)) == "better in every seed"
+    assert verdict(rows(0.6, 0.7), rows(0.5, 0.5)) == "worse in every seed"
+    assert verdict(rows(0.6, 0.3), rows(0.5, 0.5)) == "mixed"

@@ -98,3 +98,6 @@ def test_lpips_from_an_npz(tmp_path):
         lpips_vgg16(tmp_path / "bad.npz")
     with pytest.raises(FileNotFoundError, match="objective.metric_weights: no LPIPS weights"):
         lpips_vgg16(tmp_path / "missing.npz")
+    (tmp_path / "text.npz").write_text("not an archive")
+    with pytest.raises(ValueError, match="objective.metric_weights: .* is not a readable .npz"):
+        lpips_vgg16(tmp_path / "text.npz")

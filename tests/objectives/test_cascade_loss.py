@@ -103,8 +103,12 @@ def test_cascade_denoisers_reads_the_network():
 @pytest.mark.parametrize(
     "kw,needle",
     [
-        (dict(metric=None, metric_weight=1.0), "objective.metric_weight must be 0 exactly when"),
-        (dict(metric=lambda x, y: x, metric_weight=0.0), "objective.metric_weight must be 0"),
+        (dict(metric=None, metric_weight=1.0), "objective.metric_weight must be 0 with objective"),
+        (
+            dict(metric=lambda x, y: x, metric_weight=0.0),
+            r"objective.metric_weight must be > 0 with a metric \(for the cascade without one, "
+            "objective.metric=none",
+        ),
         (dict(metric=None, metric_weight=-1.0), "objective.metric_weight must be a number"),
         (dict(metric=None, metric_weight=0.0, P_std=0.0), "objective.P_std"),
         (dict(metric=None, metric_weight=0.0, reduce="max"), "objective.reduce"),
