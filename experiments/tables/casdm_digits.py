@@ -167,6 +167,16 @@ def verdict(metric_rows: list[dict], base_rows: list[dict]) -> str:
     return "mixed"
 
 
+def paired_difference(metric_rows: list[dict], base_rows: list[dict], key: str) -> str:
+    """``mean ± se`` over seeds of ``metric[key] - no_metric[key]`` (seed by seed), or the one
+    difference for a single seed."""
+    base = {r["seed"]: r[key] for r in base_rows}
+    d = np.array([r[key] - base[r["seed"]] for r in metric_rows], float)
+    if d.size == 1:
+        return f"{d[0]:+.3g}"
+    return f"{d.mean():+.3g} ± {d.std(ddof=1) / np.sqrt(d.size):.2g}"
+
+
 def report(record: dict, tc: DictConfig) -> dict:
     """The samples of every run and blend, then the two modules per noise level."""
     rows_all = record["rows"]
@@ -176,6 +186,8 @@ def report(record: dict, tc: DictConfig) -> dict:
         "recall pixels",
         "FD (digits classifier)",
         "vs no metric, same blend (C2ST)",
+        "C2ST minus no metric (paired, mean ± se)",
+        "recall minus no metric (paired)",
         "train s",
         "paper",
     ]
@@ -191,6 +203,8 @@ def report(record: dict, tc: DictConfig) -> dict:
                     label(key, blend),
                     *(_cell([r[k] for r in rs]) for k in METRICS),
                     verdict(rs, base) if key == "metric" else "",
+                    paired_difference(rs, base, METRICS[0]) if key == "metric" else "",
+                    paired_difference(rs, base, METRICS[1]) if key == "metric" else "",
                     float(np.mean([r["train_s"] for r in rs])),
                     PAPER if key == "metric" and blend == "snr" else "",
                 ]
@@ -202,6 +216,8 @@ def report(record: dict, tc: DictConfig) -> dict:
             first["c2st_pixels_floor"],
             first["recall_pixels_floor"],
             first["fd_floor"],
+            "",
+            "",
             "",
             None,
             "",
