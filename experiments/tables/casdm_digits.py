@@ -34,7 +34,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from experiments.runs.evaluation import evaluate_images
-from experiments.tables.common import check_seeds, pm, scaled
+from experiments.tables.common import check_seeds, paired_cell, pm, scaled
 from experiments.tables.digits_models import check, train_model
 from experiments.tables.fdistill_digits import make_figure
 from scorelib._checks import check_choice, check_int, check_real
@@ -167,16 +167,6 @@ def verdict(metric_rows: list[dict], base_rows: list[dict]) -> str:
     return "mixed"
 
 
-def paired_difference(metric_rows: list[dict], base_rows: list[dict], key: str) -> str:
-    """``mean ± se`` over seeds of ``metric[key] - no_metric[key]`` (seed by seed), or the one
-    difference for a single seed."""
-    base = {r["seed"]: r[key] for r in base_rows}
-    d = np.array([r[key] - base[r["seed"]] for r in metric_rows], float)
-    if d.size == 1:
-        return f"{d[0]:+.3g}"
-    return f"{d.mean():+.3g} ± {d.std(ddof=1) / np.sqrt(d.size):.2g}"
-
-
 def report(record: dict, tc: DictConfig) -> dict:
     """The samples of every run and blend, then the two modules per noise level."""
     rows_all = record["rows"]
@@ -203,8 +193,8 @@ def report(record: dict, tc: DictConfig) -> dict:
                     label(key, blend),
                     *(_cell([r[k] for r in rs]) for k in METRICS),
                     verdict(rs, base) if key == "metric" else "",
-                    paired_difference(rs, base, METRICS[0]) if key == "metric" else "",
-                    paired_difference(rs, base, METRICS[1]) if key == "metric" else "",
+                    paired_cell(rs, base, METRICS[0]) if key == "metric" else "",
+                    paired_cell(rs, base, METRICS[1]) if key == "metric" else "",
                     float(np.mean([r["train_s"] for r in rs])),
                     PAPER if key == "metric" and blend == "snr" else "",
                 ]

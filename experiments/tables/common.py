@@ -165,6 +165,29 @@ def seed_cell(rows: Sequence[dict], key: str) -> Cell:
     return float(v[0]) if v.size == 1 else pm(v.mean(), v.std())
 
 
+def paired_difference(rows: Sequence[dict], base_rows: Sequence[dict], key: str) -> dict:
+    """Seed-by-seed ``rows[key] - base_rows[key]`` (rows matched on ``"seed"``): ``{"mean",
+    "se", "n", "diffs"}``, ``se`` the standard error of the mean (``ddof=1``; ``nan`` for one
+    seed). Both runs of a seed share their seed's draws, so the paired spread is the
+    honest error of the comparison.
+
+    Raises:
+      KeyError: a seed of ``rows`` has no base row.
+    """
+    base = {r["seed"]: r[key] for r in base_rows}
+    d = np.array([r[key] - base[r["seed"]] for r in rows], float)
+    se = float(d.std(ddof=1) / np.sqrt(d.size)) if d.size > 1 else math.nan
+    return {"mean": float(d.mean()), "se": se, "n": int(d.size), "diffs": d.tolist()}
+
+
+def paired_cell(rows: Sequence[dict], base_rows: Sequence[dict], key: str) -> str:
+    """:func:`paired_difference` as a cell: ``"+mean ± se"``, or the one difference."""
+    p = paired_difference(rows, base_rows, key)
+    if p["n"] == 1:
+        return f"{p['mean']:+.3g}"
+    return f"{p['mean']:+.3g} ± {p['se']:.2g}"
+
+
 def relative_path(path, run_dir) -> str:
     """``path`` relative to the table's ``run_dir`` when inside it, else as
     :func:`scorelib._io.portable_path` shows it: what committed results record (no machine
