@@ -209,6 +209,8 @@ def build_data(cfg: DictConfig) -> Data:
         k = toy_classes(dc.toy, labels) or 0
         return Data(name=f"toy:{dc.toy}", data_shape=(2,), images=None, num_classes=k)
     dequantise = bool(dc.get("dequantise", False))  # the schema admits true or false only
+    if dc.get("holdout") is not None:
+        ds = ds.hold_out(dc.holdout)
     if dc.get("noise_sigma") is not None:
         noise_sigma = check_noise_sigma(dc.noise_sigma)
         if dequantise:

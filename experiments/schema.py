@@ -417,6 +417,10 @@ class ImageDataConfig(DataConfig):
     # train on one fixed noisy copy x + noise_sigma n of each training image (data units, > 0;
     # scorelib.data.noisy_dataset; the test split stays clean); null: the clean images
     noise_sigma: float | None = None
+    # hold this fraction of the training split out of training, in (0, 1) (stratified by
+    # label, a fixed seed; scorelib.data.ImageDataset.hold_out): in-distribution images the
+    # model never sees (the MSMA table fits its density on them); null: train on all
+    holdout: float | None = None
 
 
 @dataclass

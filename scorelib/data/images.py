@@ -32,6 +32,9 @@ from scipy import ndimage
 
 from scorelib._checks import check_choice, check_int, check_real, require
 
+#: The seed of :meth:`ImageDataset.hold_out` (the test split uses 0).
+HOLD_OUT_SEED = 1
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ImageDataset:
@@ -48,6 +51,10 @@ class ImageDataset:
       noise_sigma: 0 for clean data; else ``train`` holds one noisy copy ``x + noise_sigma n``
         of each clean example (:func:`scorelib.data.noisy.noisy_dataset`; data units) and
         ``test`` the clean held-out images.
+      held_out, held_out_labels: the part of the training split kept out of training
+        (:meth:`hold_out`: in-distribution data the model never saw, e.g. to fit an
+        auxiliary model or to stop early), ``[n_held_out, H, W, C]``, or ``None``; noisy
+        like ``train`` when ``noise_sigma > 0``.
     """
 
     name: str
@@ -57,6 +64,45 @@ class ImageDataset:
     test_labels: np.ndarray | None = None
     levels: int = 256
     noise_sigma: float = 0.0
+    held_out: np.ndarray | None = None
+    held_out_labels: np.ndarray | None = None
+
+    def hold_out(self, fraction: float, *, seed: int = HOLD_OUT_SEED) -> ImageDataset:
+        """The data set with ``fraction`` of its training split moved to ``held_out``
+        (stratified by label when there are labels, :func:`stratified_split` with ``seed``;
+        ``train`` keeps the rest, in a seeded random order).
+
+        Args:
+          fraction: the share held out, in ``(0, 1)``; at least one image each side.
+          seed: the split's seed (the default is fixed: the same fraction holds out the
+            same images in every run).
+
+        Raises:
+          ValueError: naming ``data.holdout`` (outside ``(0, 1)``, or leaving a side empty)
+            or when the set is noisy or already holds images out.
+        """
+        fraction = check_real(
+            fraction, "data.holdout", low=0.0, high=1.0, low_open=True, high_open=True
+        )
+        require(self.held_out is None, "data.holdout", "applied once", "a held-out split")
+        require(self.noise_sigma == 0, "data.holdout", "applied to clean data", "noisy data")
+        n = len(self.train)
+        labels = self.train_labels if self.train_labels is not None else np.zeros(n, np.int64)
+        keep, out = stratified_split(labels, fraction, seed)
+        require(
+            keep.size >= 1 and out.size >= 1,
+            "data.holdout",
+            f"a fraction leaving both sides of the {n} training images non-empty",
+            fraction,
+        )
+        pick = lambda y, i: None if y is None else y[i]  # noqa: E731
+        return dataclasses.replace(
+            self,
+            train=self.train[keep],
+            train_labels=pick(self.train_labels, keep),
+            held_out=self.train[out],
+            held_out_labels=pick(self.train_labels, out),
+        )
 
     def of_classes(self, classes) -> ImageDataset:
         """The images of ``classes`` only (train and test splits, labels kept).
@@ -75,12 +121,17 @@ class ImageDataset:
         missing = np.setdiff1d(classes, self.test_labels)
         require(missing.size == 0, "classes", "classes of the test split", missing.tolist())
         tr, te = np.isin(self.train_labels, classes), np.isin(self.test_labels, classes)
+        held = {}
+        if self.held_out is not None:
+            ho = np.isin(self.held_out_labels, classes)
+            held = {"held_out": self.held_out[ho], "held_out_labels": self.held_out_labels[ho]}
         return dataclasses.replace(
             self,
             train=self.train[tr],
             test=self.test[te],
             train_labels=self.train_labels[tr],
             test_labels=self.test_labels[te],
+            **held,
         )
 
     @property

@@ -80,8 +80,10 @@ def noisy_dataset(ds: ImageDataset, noise_sigma: float, *, seed: int = 0) -> Ima
       seed: the corruption's seed (an int >= 0).
 
     Returns:
-      a new :class:`ImageDataset` with ``train`` noisy, ``noise_sigma`` set, and ``name``,
-      ``test``, the labels and ``levels`` (those of the clean images) unchanged.
+      a new :class:`ImageDataset` with ``train`` noisy (and ``held_out``, part of the
+      training data, whose example ``j`` takes index ``n_train + j``), ``noise_sigma`` set,
+      and ``name``, ``test``, the labels and ``levels`` (those of the clean images)
+      unchanged.
 
     Raises:
       ValueError: as :func:`corrupt`, or naming ``data.noise_sigma`` when ``ds`` is already
@@ -94,4 +96,7 @@ def noisy_dataset(ds: ImageDataset, noise_sigma: float, *, seed: int = 0) -> Ima
             "corrupt the clean set once"
         )
     train = corrupt(ds.train, noise_sigma, seed=seed)
-    return dataclasses.replace(ds, train=train, noise_sigma=noise_sigma)
+    held = ds.held_out
+    if held is not None:
+        held = corrupt(held, noise_sigma, seed=seed, first_index=len(ds.train))
+    return dataclasses.replace(ds, train=train, held_out=held, noise_sigma=noise_sigma)

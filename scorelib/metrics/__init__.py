@@ -57,6 +57,7 @@ from scorelib.metrics.ood import (
     msma,
     ood_scores,
     score_norms,
+    select_components,
 )
 from scorelib.metrics.posterior import gaussian_w2, gaussian_w2_floor, std_calibration
 from scorelib.metrics.precision_recall import knn_radii, precision_recall
@@ -85,6 +86,7 @@ __all__ = [
     "fit_norm_density",
     "msma",
     "ood_scores",
+    "select_components",
     "score_asymmetry",
     "score_norms",
     "FeatureExtractor",

@@ -194,6 +194,69 @@ def fit_norm_density(
     return NormDensity(mean=mean, std=std, gmm=gmm)
 
 
+def select_components(
+    norms: Array,
+    candidates=range(2, 21),
+    *,
+    folds: int = 10,
+    covariance_type: str = "full",
+    seed: int = 0,
+) -> dict:
+    """The mixture's number of components by K-fold cross-validation, as the authors choose
+    it (2 to 20 components, 10 folds; ``ood_detection_helper.py`` of ``ahsanMah/msma``).
+
+    Each candidate is fitted on ``folds - 1`` folds of the standardised vectors (the
+    standardisation of :func:`fit_norm_density`, from all of ``norms``) and scored by the
+    mean log-likelihood of the held-out fold (scikit-learn's ``GridSearchCV`` with
+    ``GaussianMixture.score``); the candidate with the highest mean over folds wins (the
+    smallest on a tie).
+
+    Args:
+      norms: ``[n, L]`` in-distribution score-norm vectors, ``L >= 2``.
+      candidates: component counts to try, each ``>= 1`` and at most the size of a training
+        fold (``n - ceil(n / folds)``).
+      folds: ``K >= 2``, at most ``n``; the folds are shuffled with ``seed``.
+      covariance_type: as :func:`fit_norm_density`.
+      seed: the folds' shuffle and every fit's EM initialisation.
+
+    Returns:
+      ``{"n_components": int, "cv_loglik": {k: mean held-out log-likelihood per vector
+      (nats, standardised units)}}``.
+
+    Raises:
+      ValueError: naming ``norms``, ``candidates``, ``folds``, ``covariance_type`` or
+        ``seed``, before any fit.
+
+    Source: Mahmood et al., ICLR 2021, Sec. 4; the authors' code.
+    """
+    from sklearn.mixture import GaussianMixture
+    from sklearn.model_selection import GridSearchCV, KFold
+
+    a = _check_features(norms, "norms")
+    require(a.shape[1] >= 2, "norms", "[n, L] with L >= 2 noise levels", a.shape)
+    folds = check_int(folds, "folds", low=2, high=a.shape[0])
+    check_choice(covariance_type, "covariance_type", COVARIANCE_TYPES)
+    seed = check_int(seed, "seed", low=0)
+    fold_train = a.shape[0] - -(-a.shape[0] // folds)
+    ks = sorted({check_int(k, "candidates", low=1, high=fold_train) for k in candidates})
+    require(len(ks) >= 1, "candidates", "at least one component count", list(candidates))
+    std = a.std(axis=0)
+    require(bool(np.all(std > 0)), "norms", "spread at every level (std > 0)", std.tolist())
+    z = (a - a.mean(axis=0)) / std
+    search = GridSearchCV(
+        GaussianMixture(covariance_type=covariance_type, random_state=seed),
+        {"n_components": ks},
+        cv=KFold(folds, shuffle=True, random_state=seed),
+        refit=False,
+    )
+    search.fit(z)
+    scores = search.cv_results_["mean_test_score"]
+    return {
+        "n_components": int(search.best_params_["n_components"]),
+        "cv_loglik": {int(k): float(v) for k, v in zip(ks, scores, strict=True)},
+    }
+
+
 def ood_scores(density: NormDensity, norms: Array) -> np.ndarray:
     """``-log p(n(x))`` under the fitted mixture: ``[n]`` float64 nats (higher: more OOD).
 

@@ -14,7 +14,12 @@ def test_msma_smoke(tmp_path):
     assert (run_dir / "model" / "config.yaml").is_file()  # trained here: table.model=null
     # the table config as given (the smoke block merged by the table itself)
     assert meta["config"]["scale"] == "smoke"
-    assert len(res["sigmas"]) == 3 and res["n_fit"] == 1438
+    assert set(res["sigmas"]) == {"authors", "first"}
+    assert all(len(v) == 3 for v in res["sigmas"].values())
+    # a quarter of the 1,438 training digits held out of training: the authors' fit set
+    assert res["n_train"] == 1079 and res["n_fit"] == {"authors": 359, "first": 1079}
+    comps = res["seeds"][0]["components"]
+    assert comps["model_first"] == 2 and 1 <= comps["model_authors"] <= 3  # cv over [1, 3]
     sets = res["seeds"][0]["sets"]
     assert set(sets) == {
         "test digits (in-distribution)",
@@ -27,12 +32,13 @@ def test_msma_smoke(tmp_path):
     assert sets["uniform noise on the 17 levels"]["n"] == 24
     for name, entry in sets.items():
         keys = [k for k in entry if k.endswith("_auroc")]
-        assert len(keys) == (0 if name.startswith("test digits (in") else 4), (name, entry)
+        assert len(keys) == (0 if name.startswith("test digits (in") else 6), (name, entry)
         assert all(0.0 <= entry[k] <= 1.0 for k in keys)
     # known-good: pixels drawn uniformly on the levels are nothing like digits, and the
-    # Gaussian fit of the digits (no training involved) tells them apart through both detectors
+    # Gaussian fit of the digits (no training involved) tells them apart through every detector
     noise = sets["uniform noise on the 17 levels"]
-    assert noise["msma_gaussian_auroc"] > 0.99 and noise["bpd_gaussian_auroc"] > 0.99
+    assert min(noise[f"msma_gaussian_{p}_auroc"] for p in ("authors", "first")) > 0.99
+    assert noise["bpd_gaussian_auroc"] > 0.99
     summary = (run_dir / "msma_auroc.md").read_text()
     assert "SVHN" in summary and "unverified" in summary
 
@@ -41,10 +47,22 @@ def test_msma_smoke(tmp_path):
     "override,expected",
     [
         ("table.levels=1", "error: table.levels must be an integer >= 2; got 1"),
-        ("table.sigma_min=0", "error: table.sigma_min must be a number in (0.0, inf); got 0"),
-        ("table.sigma_min=-0.5", "error: table.sigma_min must be a number in (0.0, inf); got -0.5"),
-        ("table.sigma_max=0.05", "error: table.sigma_max must be a number in (0.05, inf)"),
-        ("table.n_components=0", "error: table.n_components must be an integer >= 1; got 0"),
+        (
+            "table.protocols.first.sigma_min=0",
+            "error: table.protocols.first.sigma_min must be a number in (0.0, inf); got 0",
+        ),
+        (
+            "table.protocols.authors.sigma_max=0.01",
+            "error: table.protocols.authors.sigma_max must be a number in (0.02, inf)",
+        ),
+        (
+            "table.protocols.first.n_components=0",
+            "error: table.protocols.first.n_components (an integer or cv) must be an integer",
+        ),
+        ("table.protocols.first.fit=test", "error: table.protocols.first.fit must be one of"),
+        ("+table.protocols.first.levels=3", "error: table.protocols.first must be the fields"),
+        ("table.cv_components=[3,2]", "error: table.cv_components must be an integer >= 3"),
+        ("table.cv_folds=1", "error: table.cv_folds must be an integer >= 2; got 1"),
         ("table.shifts=[[9,0]]", "error: table.shifts must be a list of [dy, dx] integer pairs"),
         ("table.model=/nonexistent", "error: table.model=/nonexistent: not an experiments.train"),
     ],
@@ -87,3 +105,30 @@ def test_msma_refuses_a_distillation_run(tmp_path):
     assert r.err_lines == [
         f"error: table.model={other}: a distillation run; the table needs a score run"
     ]
+
+
+@pytest.mark.slow
+def test_msma_refuses_a_held_out_fit_on_a_model_that_saw_every_digit(tmp_path):
+    items = [
+        "experiment=digits_edm",
+        "model=mlp_digits",
+        "model.width=8",
+        "model.depth=1",
+        "model.emb_dim=4",
+        "trainer.steps=2",
+        "trainer.log_every=1",
+        "trainer.ckpt_every=2",
+        "sampler.sigma_min=null",
+    ]
+    overrides = "[" + ",".join(f"'{x}'" for x in items) + "]"  # no data.holdout
+    r = run_inprocess(
+        "reproduce",
+        "table=msma",
+        "table.scale=smoke",
+        f"table.smoke.model_overrides={overrides}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    assert r.code == 2, r.stderr[-2000:]
+    assert len(r.err_lines) == 1, r.stderr
+    assert r.err_lines[0].startswith("error: table.protocols.authors.fit=held_out: the model")
+    assert r.err_lines[0].endswith("train it with data.holdout=0.25")

@@ -9,7 +9,14 @@ import closed_forms
 import numpy as np
 import pytest
 
-from scorelib.metrics import auroc, fit_norm_density, msma, ood_scores, score_norms
+from scorelib.metrics import (
+    auroc,
+    fit_norm_density,
+    msma,
+    ood_scores,
+    score_norms,
+    select_components,
+)
 from scorelib.processes import EDM, VP
 from scorelib.scores import GaussianScore
 
@@ -99,6 +106,38 @@ def test_auroc_is_the_probability_that_an_ood_input_scores_higher():
     assert auroc(s_in, s_in + 10) == 1.0 and auroc(s_in + 10, s_in) == 0.0
 
 
+def _mixture(n_per, centres, seed):
+    rng = np.random.default_rng(seed)
+    return np.concatenate([c + rng.normal(size=(n_per, len(c))) for c in centres])
+
+
+def test_cross_validation_finds_the_number_of_well_separated_components():
+    """Three unit clusters 12 apart are chosen as 3 among 1..6; one Gaussian as 1 (the
+    selection can fail both ways: a larger mixture always fits its training folds better)."""
+    three = _mixture(150, [(0.0, 0.0), (12.0, 0.0), (0.0, 12.0)], 0)
+    assert select_components(three, range(1, 7), folds=5)["n_components"] == 3
+    one = _mixture(450, [(0.0, 0.0)], 1) @ np.array([[1.0, 0.4], [0.0, 3.0]])
+    assert select_components(one, range(1, 7), folds=5)["n_components"] == 1
+
+
+def test_cross_validation_scores_equal_a_brute_force_loop_over_the_folds():
+    """GridSearchCV's mean held-out log-likelihood, recomputed with a loop over the folds."""
+    from sklearn.mixture import GaussianMixture
+    from sklearn.model_selection import KFold
+
+    f = _mixture(60, [(0.0, 0.0, 0.0), (4.0, 1.0, -2.0)], 2) * np.array([1.0, 30.0, 0.1])
+    got = select_components(f, [1, 2, 3], folds=4, seed=5)
+    z = (f - f.mean(axis=0)) / f.std(axis=0)
+    want = {}
+    for k in (1, 2, 3):
+        folds = KFold(4, shuffle=True, random_state=5).split(z)
+        ll = [GaussianMixture(k, random_state=5).fit(z[tr]).score(z[te]) for tr, te in folds]
+        want[k] = float(np.mean(ll))
+    assert got["cv_loglik"].keys() == want.keys()
+    np.testing.assert_allclose(list(got["cv_loglik"].values()), list(want.values()), rtol=1e-10)
+    assert got["n_components"] == max(want, key=want.get)
+
+
 def _one_line_error(match, fn, *args, **kw):
     with pytest.raises(ValueError, match=match) as e:
         fn(*args, **kw)
@@ -125,5 +164,7 @@ def test_bad_inputs_give_one_line_errors_naming_the_argument(gaussian):
     _one_line_error("^n_components must", fit_norm_density, f, n_components=11)
     _one_line_error("^covariance_type must", fit_norm_density, f, covariance_type="banded")
     _one_line_error("^norms must", ood_scores, fit_norm_density(f, n_components=1), f[:, :2])
+    _one_line_error("^candidates must", select_components, f, [2, 10], folds=2)  # 5 per fold
+    _one_line_error("^folds must", select_components, f, [1, 2], folds=1)
     _one_line_error("^scores_in must", auroc, [], [1.0])
     _one_line_error("^scores_out must", auroc, [1.0], [np.nan])
