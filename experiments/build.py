@@ -68,6 +68,7 @@ SELECTED_FIELDS = {
             "sigma_lo": ("log_linear",),
             "sigma_hi": ("log_linear",),
             "sigma_d": ("gaussian_optimal",),
+            "kappa_sigma_d": ("gaussian_optimal",),
         },
     ),
 }

@@ -22,10 +22,12 @@ VE-frame process of ``table.process`` (EDM, ``sigma`` in [1e-3, 10]):
 Expected shape (the paper shows figures, not numbers; from secondary summaries): TSM far
 better than DSM at low sigma, worse at high sigma, the mixtures best or tied everywhere.
 The last part comes from those summaries, not from the paper. The table reports what it
-measures; its verdict column compares the mixtures behind the Fisher-scaled network and
-weight with DSM and TSM behind EDM's, with the controls (``switch_edm``: the switch mixture
-behind TSM's network) left out. At d = 50 it measures the network as much as the label, so
-it is not a test of the paper (issue 41, docs/tsm.md).
+measures; its verdicts compare a mixture with DSM and TSM behind one network only: behind
+EDM's preconditioning with each objective's own weight (DSM sigma^2, TSM and ``switch_edm``
+alpha^2), and behind the Fisher-scaled preconditioning with one weight for every objective
+(``dsm_fisher``, ``tsm_fisher`` and the mixtures), the setting in which only the label
+differs; controls (``tsm_sigma2``) are left out. ``table.budgets`` gives a target a larger
+network or more steps (the 50-D mixture, underfitted at the common budget).
 
 Seeds vary the network initialisation and the objective's (t, eps) draws; the data stream
 (exact target samples) is common to all runs of a target, and every objective of one seed
@@ -67,6 +69,11 @@ LABELS = {"dsm": "DSM", "tsm": "TSM"}
 #: ``fisher`` (``scorelib.nets.precond.fisher_precond``, ``NetworkScore(sigma_fisher=...)``
 #: with the target's ``fisher_scale()``).
 PRECONDS = ("edm", "fisher")
+#: How the verdict columns name the objectives behind each network.
+NETWORKS = {
+    "edm": "EDM network, each objective's own weight",
+    "fisher": "Fisher-scaled network, one weight for all",
+}
 
 
 # ------------------------------------------------------------------------------ settings
@@ -106,6 +113,16 @@ def _settings(cfg: DictConfig) -> DictConfig:
             raise ValueError(
                 f"table.objectives.{name}.precond must be one of {list(PRECONDS)}; got {pre!r}"
             )
+    for name, budget in (tc.get("budgets") or {}).items():
+        if name not in tc.targets:
+            raise ValueError(f"table.budgets: {name!r} has no entry under table.targets")
+        extra = sorted(set(budget) - {"model", "train"})
+        if extra:
+            raise ValueError(f"table.budgets.{name} may set model and train only; got {extra}")
+        for f in ("steps", "batch_size"):
+            v = (budget.get("train") or {}).get(f)
+            if v is not None and int(v) < 1:
+                raise ValueError(f"table.budgets.{name}.train.{f} must be >= 1; got {v}")
     for name in tc.get("controls") or []:
         if name not in tc.objectives:
             raise ValueError(
@@ -142,6 +159,8 @@ def _objectives(tc, process, target, sigma_fisher: float) -> dict:
         kw.pop("precond", None)  # the network's, not the objective's
         if kw["weighting"] == "fisher" and kw.get("sigma_fisher") is None:
             kw["sigma_fisher"] = sigma_fisher
+        if kw.get("kappa_sigma_d") == "fisher":  # the modes' scale of this target
+            kw["kappa_sigma_d"] = sigma_fisher
         out[name] = MixedScoreMatching(process, target, **kw)
     return out
 
@@ -319,9 +338,19 @@ def sample_quality(sources: dict, params: dict, target, process, tc, log=print) 
 
 
 # --------------------------------------------------------------------------- per target
+def budgeted(tc: DictConfig, name: str) -> DictConfig:
+    """The table config with target ``name``'s ``table.budgets`` entry (``model`` and
+    ``train`` fields) merged over ``table.model`` and ``table.train``."""
+    budget = (tc.get("budgets") or {}).get(name)
+    if not budget:
+        return tc
+    return OmegaConf.merge(tc, {k: budget[k] for k in ("model", "train") if k in budget})
+
+
 def run_target(name: str, tc: DictConfig, run_dir: Path, log=print) -> dict:
     """Parts (a), (b), (c) for one target, or the cached result computed with the same
     settings (``<run_dir>/partial/<name>.json``)."""
+    tc = budgeted(tc, name)
     spec = dict(OmegaConf.to_container(tc.targets[name], resolve=True))
     settings = {
         k: OmegaConf.to_container(tc[k], resolve=True)
@@ -399,6 +428,10 @@ def run_target(name: str, tc: DictConfig, run_dir: Path, log=print) -> dict:
         "error": err,
         "samples": samp,
         "model": {"n_params": info["n_params"], "skipped_steps": info["skipped_steps"]},
+        "budget": {
+            "model": OmegaConf.to_container(tc.model, resolve=True),
+            "train": {k: int(tc.train[k]) for k in ("steps", "batch_size")},
+        },
         "timings": timings,
     }
     atomic_write_text(cache, json.dumps(out, indent=1))
@@ -461,14 +494,17 @@ def _roles(r: dict) -> dict:
     return r.get("roles") or default
 
 
-def mixture_verdict(r: dict, j: int) -> tuple[str, str] | None:
+def mixture_verdict(r: dict, j: int, network: str | None = None) -> tuple[str, str] | None:
     """At the ``j``-th sigma of target result ``r``: ``(text, verdict)`` comparing the
     mixture with the lowest mean error against the pure objective (DSM or TSM) with the
-    lowest mean, controls left out; ``verdict`` is ``'tied'`` when the means differ by no
+    lowest mean, controls left out, among the objectives behind ``network`` (one of
+    :data:`PRECONDS`; ``None``: all); ``verdict`` is ``'tied'`` when the means differ by no
     more than ``sqrt(sd_mix^2 + sd_pure^2)`` (std over seeds), else ``'mixture best'`` or
     ``'<pure> best'``. ``None`` without both kinds."""
     roles = _roles(r)
-    err = {k: np.asarray(r["error"][k])[:, j] for k in r["objectives"]}
+    pre = r.get("precond") or {}
+    keep = [k for k in r["objectives"] if network is None or pre.get(k, "edm") == network]
+    err = {k: np.asarray(r["error"][k])[:, j] for k in keep}
     mix = [k for k in err if roles[k] == "mixture"]
     pure = [k for k in err if roles[k] == "pure"]
     if not mix or not pure:
@@ -492,11 +528,9 @@ def error_table(results: dict) -> tuple[list, list]:
     cols = (
         ["target", "sigma"]
         + [_col(k) for k in objs]
-        + [
-            "best (lowest mean)",
-            "best mixture vs best of DSM/TSM (controls left out)",
-            "paper (expected shape)",
-        ]
+        + ["best (lowest mean)"]
+        + [f"best mixture vs best of DSM/TSM, {NETWORKS[n]}" for n in PRECONDS]
+        + ["paper (expected shape)"]
     )
     rows = []
     for name, r in results.items():
@@ -504,11 +538,11 @@ def error_table(results: dict) -> tuple[list, list]:
             means = {k: float(np.mean(np.asarray(r["error"][k])[:, j])) for k in objs}
             stds = {k: float(np.std(np.asarray(r["error"][k])[:, j])) for k in objs}
             best = min(means, key=lambda k: means[k] if math.isfinite(means[k]) else math.inf)
-            v = mixture_verdict(r, j)
+            vs = [mixture_verdict(r, j, n) for n in PRECONDS]
             rows.append(
                 [name, s]
                 + [pm(means[k], stds[k]) for k in objs]
-                + [_col(best), v[0] if v else "", _claim_error(s)]
+                + [_col(best), *(v[0] if v else "" for v in vs), _claim_error(s)]
             )
     return cols, rows
 
@@ -540,27 +574,33 @@ def summary_table(results: dict) -> tuple[list, list]:
     cols = (
         ["target"]
         + [f"{_col(k)}: #best / mean log10 err" for k in objs]
-        + ["sigmas where a mixture is best or tied (controls left out)"]
+        + [f"sigmas where a mixture is best or tied, {NETWORKS[n]}" for n in PRECONDS]
     )
     rows = []
     for name, r in results.items():
         e = {k: np.mean(np.asarray(r["error"][k]), axis=0) for k in objs}  # [S]
         best = np.argmin(np.stack([e[k] for k in objs]), axis=0)
-        verdicts = [mixture_verdict(r, j) for j in range(len(r["sigmas"]))]
-        ok = [
-            s
-            for s, v in zip(r["sigmas"], verdicts, strict=True)
-            if v and v[1] in ("mixture best", "tied")
-        ]
-        missed = ", ".join(f"{s:g}" for s in r["sigmas"] if s not in ok)
-        where = f" (not at sigma {missed})" if missed else " (all)"
+        counts = []
+        for n in PRECONDS:
+            verdicts = [mixture_verdict(r, j, n) for j in range(len(r["sigmas"]))]
+            if not any(verdicts):
+                counts.append("")
+                continue
+            ok = [
+                s
+                for s, v in zip(r["sigmas"], verdicts, strict=True)
+                if v and v[1] in ("mixture best", "tied")
+            ]
+            missed = ", ".join(f"{s:g}" for s in r["sigmas"] if s not in ok)
+            where = f" (not at sigma {missed})" if missed else " (all)"
+            counts.append(f"{len(ok)} / {len(r['sigmas'])}{where}")
         rows.append(
             [name]
             + [
                 f"{int(np.sum(best == i))} / {float(np.mean(np.log10(e[k]))):.2f}"
                 for i, k in enumerate(objs)
             ]
-            + [f"{len(ok)} / {len(r['sigmas'])}{where}"]
+            + counts
         )
     return cols, rows
 
@@ -641,15 +681,21 @@ def report(out: dict) -> dict:
         f"Adam lr {tr.lr}, warm-up {tr.warmup_steps}, clip {tr.grad_clip}; "
         f"{tr.steps} steps of batch {tr.batch_size}; t sampling {tr.t_sampling}; weighting "
         f"lambda per objective (default {tr.weighting}); EMA half-life "
-        f"{tr.ema_halflife_frac} of the images seen (evaluated: EMA weights).",
+        f"{tr.ema_halflife_frac} of the images seen (evaluated: EMA weights). Larger budgets "
+        f"per target (table.budgets): {OmegaConf.to_container(tc.get('budgets') or {})}.",
         "Objectives (kappa = weight of the TSM label, thresholds in VE sigma): "
         + "; ".join(f"{k}: {OmegaConf.to_container(v)}" for k, v in tc.objectives.items())
-        + ". gaussian_optimal uses kappa = sd^2/(sd^2 + sigma^2) with sd = the target's RMS std. "
+        + ". gaussian_optimal uses kappa = sd^2/(sd^2 + sigma^2) with sd = the target's RMS std, "
+        "gaussian_optimal_modes with sd = sigma_fisher (kappa_sigma_d: fisher, the modes' "
+        "scale; its weight keeps the RMS std). "
         "Weightings: sigma2 is lambda = sigma^2 (standard for DSM), alpha2 is lambda = alpha^2 "
         "(the normalised TSM loss ||alpha s - grad log p0||^2; 1 for VE/EDM), fisher is "
         "lambda = (sigma^2 + sigma_fisher^2)(sigma^2 + sd^2) / sd^2, the unit weight of the "
         "Fisher-scaled network's output (as EDM's lambda is for its own). Controls (left out "
-        f"of the mixture verdict): {list(tc.get('controls') or [])}.",
+        f"of the mixture verdict): {list(tc.get('controls') or [])}. Verdicts compare the "
+        "objectives behind one network: behind EDM's, each with its own weight (DSM sigma2, "
+        "TSM and switch_edm alpha2); behind the Fisher-scaled one, every objective with the "
+        "same weight (fisher), the comparable setting.",
         f"(a) n = {tc.variance.n} per sigma; values are E||u - s_t(x_t)||^2 summed over "
         "coordinates (the conditional label variance; the irreducible part of the loss).",
         f"(b) n = {tc.error.n} noisy points per sigma; relative error "

@@ -131,6 +131,10 @@ class MixedScoreMatching(Objective):
       sigma_lo, sigma_hi: VE-frame thresholds of ``'log_linear'``, ``0 < lo < hi``.
       sigma_d: data std of ``'gaussian_optimal'``, ``'relative'`` and ``'fisher'``;
         ``None`` -> ``target.sigma_data``.
+      kappa_sigma_d: the ``sd`` of ``'gaussian_optimal'``'s kappa alone (data units, > 0),
+        leaving the weighting's ``sigma_d``; ``None`` -> ``sigma_d``'s value. For a mixture
+        of narrow modes the modes' scale (e.g. the Fisher scale) rather than the overall
+        spread: the Gaussian optimum is exact for one isotropic Gaussian only.
       weighting: ``lambda(t)``: ``'sigma2'`` (``sigma(t)^2``, default), ``'likelihood'``
         (``g(t)^2``) or ``'none'`` (1), exactly as :class:`scorelib.objectives.DSM`; or
         ``'alpha2'`` (``alpha(t)^2``), ``'relative'``, ``'kappa'`` or ``'fisher'``
@@ -165,6 +169,7 @@ class MixedScoreMatching(Objective):
     sigma_lo: float = 0.01
     sigma_hi: float = 1.0
     sigma_d: float | None = None
+    kappa_sigma_d: float | None = None
     weighting: str = "sigma2"
     reduce: str = "mean"
     t_range: tuple[float, float] | None = None
@@ -187,14 +192,18 @@ class MixedScoreMatching(Objective):
                 "objective.sigma_lo must be < objective.sigma_hi; got "
                 f"{self.sigma_lo} >= {self.sigma_hi}"
             )
-        if self.sigma_d is not None:
+        for f in ("sigma_d", "kappa_sigma_d"):
+            v = getattr(self, f)
+            if v is not None:
+                require(is_real(v) and v > 0, f"objective.{f}", "> 0 or null", v)
+                object.__setattr__(self, f, float(v))
+        if self.kappa_sigma_d is not None:
             require(
-                is_real(self.sigma_d) and self.sigma_d > 0,
-                "objective.sigma_d",
-                "> 0 or null",
-                self.sigma_d,
+                self.kappa == "gaussian_optimal",
+                "objective.kappa_sigma_d",
+                "null unless objective.kappa is 'gaussian_optimal' (the only one that uses it)",
+                self.kappa_sigma_d,
             )
-            object.__setattr__(self, "sigma_d", float(self.sigma_d))
         check_choice(self.weighting, "objective.weighting", WEIGHTINGS)
         check_choice(self.reduce, "objective.reduce", REDUCTIONS)
         check_choice(self.t_sampling, "objective.t_sampling", T_SAMPLINGS)
@@ -226,8 +235,13 @@ class MixedScoreMatching(Objective):
             sigma_switch=self.sigma_switch,
             sigma_lo=self.sigma_lo,
             sigma_hi=self.sigma_hi,
-            sigma_d=self.data_std if self.kappa == "gaussian_optimal" else 1.0,
+            sigma_d=self.kappa_data_std if self.kappa == "gaussian_optimal" else 1.0,
         )
+
+    @property
+    def kappa_data_std(self) -> float:
+        """The ``sd`` of ``'gaussian_optimal'``'s kappa: ``kappa_sigma_d`` or :attr:`data_std`."""
+        return self.kappa_sigma_d if self.kappa_sigma_d is not None else self.data_std
 
     def weight(self, t: Array) -> Array:
         """``lambda(t)`` at ``t: [batch]``: ``[batch]`` (``scorelib/objectives/weights.py``)."""

@@ -44,6 +44,12 @@ def test_tsm_low_noise_smoke(tmp_path):
         assert v["DSM label"]["mean"][-1] < v["TSM label"]["mean"][-1]  # sigma = 10
         for k in r["objectives"]:
             assert len(r["error"][k]) == 2 and len(r["error"][k][0]) == len(r["sigmas"])
+        # every objective behind one of the two networks; the modes' kappa scale is the
+        # target's Fisher scale (below its RMS std)
+        assert r["precond"]["dsm_fisher"] == "fisher" and r["precond"]["dsm"] == "edm"
+        assert r["sigma_fisher"] < r["sigma_data"]
+    summary = (run_dir / "tsm_low_noise_summary.md").read_text()
+    assert "Fisher-scaled network, one weight for all" in summary
     # running the same command again reuses the per-target results
     p = run_inprocess("reproduce", *smoke)
     assert p.code == 0 and p.stdout.count("reusing") == 1, p.stdout[-2000:]

@@ -115,7 +115,7 @@ def test_table_is_required_and_the_choices_are_the_table_configs():
 def test_tsm_settings_smoke_merge_and_validation():
     cfg = OmegaConf.load(CONFIG)
     full = tln._settings(cfg)
-    assert list(full.run_targets) == ["gmm1d", "gmm10d", "gmm50d", "manywell8d"]
+    assert list(full.run_targets) == ["gmm1d", "gmm10d", "gmm50d", "gmm50d_large", "manywell8d"]
     assert [float(s) for s in full.sigmas][0] == 1e-3 and float(full.sigmas[-1]) == 10.0
     assert isinstance(full.sigmas[0], float)  # not a YAML string
     cfg.scale = "smoke"
@@ -201,8 +201,31 @@ def test_mixture_verdict_ties_within_the_seed_spread():
     assert tln.mixture_verdict(r, 1)[1] == "TSM best"  # 0.5 vs TSM's 0.1
     r["error"]["switch"] = [[0.5, 0.05], [0.5, 0.05]]
     assert tln.mixture_verdict(r, 1)[1] == "mixture best"
+    # one network at a time: behind 'fisher' only switch and ctrl, so no pure objective
+    r["precond"] = {"dsm": "edm", "tsm": "edm", "switch": "fisher", "ctrl": "fisher"}
+    assert tln.mixture_verdict(r, 1, "fisher") is None and tln.mixture_verdict(r, 1, "edm") is None
+    r["precond"]["dsm"] = "fisher"  # switch 0.05 vs DSM 1.1 behind the same network
+    assert tln.mixture_verdict(r, 1, "fisher")[1] == "mixture best"
+    assert tln.mixture_verdict(r, 1)[1] == "mixture best"  # all networks together
     r["roles"]["switch"] = "control"
     assert tln.mixture_verdict(r, 1) is None
+
+
+def test_budgets_enlarge_one_target_only():
+    tc = tln._settings(OmegaConf.load(CONFIG))
+    big = tln.budgeted(tc, "gmm50d_large")
+    assert big.model.width == 128 and big.train.steps == 6000
+    assert big.train.lr == tc.train.lr and big.model.depth == tc.model.depth
+    assert tln.budgeted(tc, "gmm50d") is tc
+    bad = OmegaConf.load(CONFIG)
+    bad.budgets = {"gmm50d_large": {"sampler": {"steps": 2}}}
+    with pytest.raises(
+        ValueError, match=r"^table.budgets.gmm50d_large may set model and train only"
+    ):
+        tln._settings(bad)
+    bad.budgets = {"nowhere": {"train": {"steps": 2}}}
+    with pytest.raises(ValueError, match="^table.budgets: 'nowhere' has no entry"):
+        tln._settings(bad)
 
 
 def test_tsm_report_tables_from_a_result(tmp_path):
@@ -221,13 +244,15 @@ def test_tsm_report_tables_from_a_result(tmp_path):
     assert var["columns"][:6] == ["target", "d", "sigma", "d/sigma^2", "DSM label", "TSM label"]
     assert var["rows"][0][3] == pytest.approx(2 / 1e-6) and len(var["rows"]) == 6
     err = tabs["score_error"]
-    assert all(r[-3] == "TSM" for r in err["rows"])  # the 'best' column follows the means
+    assert all(r[-4] == "TSM" for r in err["rows"])  # the 'best' column follows the means
     assert err["rows"][0][3] == "0.001 ± 0" and "paper (expected shape)" in err["columns"]
-    # the verdict: the best mixture (switch, errors in [0.1, 1]) against TSM (1e-3, sd 0)
-    assert all(": TSM best (x" in r[-2] and r[-2].startswith("switch ") for r in err["rows"])
+    # the verdict: the best mixture (switch, errors in [0.1, 1]) against TSM (1e-3, sd 0),
+    # all behind EDM's network (no precond recorded); nothing behind the Fisher-scaled one
+    assert all(": TSM best (x" in r[-3] and r[-3].startswith("switch ") for r in err["rows"])
+    assert all(r[-2] == "" for r in err["rows"])
     summ = tabs["summary"]
     assert summ["rows"][0][2].startswith("3 / -3.00")
-    assert summ["rows"][0][-1] == "0 / 3 (not at sigma 0.001, 1, 10)"
+    assert summ["rows"][0][-2:] == ["0 / 3 (not at sigma 0.001, 1, 10)", ""]
     assert [r[1] for r in tabs["samples"]["rows"]][-2:] == [
         "exact score (reference)",
         "exact samples (reference)",

@@ -289,6 +289,24 @@ def test_log_sigma_time_sampling_is_log_uniform_over_the_range():
     assert stats.kstest(u, "uniform").pvalue > 1e-3
 
 
+def test_kappa_sigma_d_sets_the_gaussian_optimal_kappa_and_leaves_the_weight():
+    """kappa = sd^2 / (sd^2 + sigma^2) with sd = kappa_sigma_d, written out; the fisher
+    weight keeps the target's sigma_d (the network's scale)."""
+    p, tg = EDM(), gmm_1d()
+    s = jnp.array([1e-3, 0.1, 0.36, 3.0])
+    t = p.t_of_ve_sigma(s)
+    base = MixedScoreMatching(p, tg, weighting="fisher", sigma_fisher=0.3)
+    modes = MixedScoreMatching(p, tg, weighting="fisher", sigma_fisher=0.3, kappa_sigma_d=0.36)
+    np.testing.assert_allclose(modes.kappa_of(s), 0.36**2 / (0.36**2 + s**2), rtol=1e-6)
+    sd = float(tg.sigma_data)
+    np.testing.assert_allclose(base.kappa_of(s), sd**2 / (sd**2 + s**2), rtol=1e-6)
+    np.testing.assert_array_equal(modes.weight(t), base.weight(t))
+    with pytest.raises(ValueError, match="^objective.kappa_sigma_d must be null unless"):
+        MixedScoreMatching(p, tg, kappa="switch", kappa_sigma_d=0.36)
+    with pytest.raises(ValueError, match="^objective.kappa_sigma_d must be > 0"):
+        MixedScoreMatching(p, tg, kappa_sigma_d=0.0)
+
+
 def test_validation_errors_name_the_field():
     p, tg = EDM(), gmm_1d()
     with pytest.raises(ValueError, match="objective.kappa must be one of"):
