@@ -14,7 +14,7 @@ from scorelib.objectives.classifier import DLSM, NoisyCrossEntropy
 from scorelib.objectives.conservative import QuasiConservative, quasi_conservative
 from scorelib.objectives.dsm import DSM, EDMLoss
 from scorelib.objectives.smoothed import SmoothedScoreMatching
-from scorelib.objectives.sure import SURE, sure_risk
+from scorelib.objectives.sure import SURE, denoiser_sure, sure_risk
 from scorelib.objectives.tiw import ClassifierLogRatio, ExactLogRatio, TIWLoss
 from scorelib.objectives.tsm import (
     KAPPAS,
@@ -36,6 +36,7 @@ __all__ = [
     "NoisyCrossEntropy",
     "DLSM",
     "SURE",
+    "denoiser_sure",
     "sure_risk",
     "TIWLoss",
     "CascadeLoss",

@@ -162,13 +162,19 @@ class Objective:
             f"{type(self).__name__} does not give the points it trains at (example_points)"
         )
 
-    def __call__(self, source, x0: Array, key: jax.Array) -> tuple[Array, dict]:
+    #: An objective whose loss changes with the training step (a ramp) sets this: the train
+    #: step (:func:`scorelib.training.make_train_step`) then passes ``step``.
+    uses_step = False
+
+    def __call__(self, source, x0: Array, key: jax.Array, step=None) -> tuple[Array, dict]:
         """Mean loss over the batch and scalar metrics.
 
         Args:
           source: a score source (usually ``NetworkScore`` with trainable params).
           x0: ``[batch, *data_shape]`` clean data.
           key: a PRNG key for times and noise.
+          step: the training step (a traced int), passed on to :meth:`example_losses` when
+            given (objectives with :attr:`uses_step` only).
 
         Returns:
           ``(loss, metrics)`` with a scalar loss and a dict of scalars (the batch means
@@ -177,7 +183,10 @@ class Objective:
         Raises:
           ValueError: if :meth:`example_losses` does not return a ``[batch]`` loss.
         """
-        losses, aux = self.example_losses(source, x0, key)
+        if step is None:
+            losses, aux = self.example_losses(source, x0, key)
+        else:
+            losses, aux = self.example_losses(source, x0, key, step=step)
         if losses.shape != (x0.shape[0],):
             raise ValueError(
                 f"example_losses returned shape {losses.shape}; expected ({x0.shape[0]},)"

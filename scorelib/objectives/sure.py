@@ -44,25 +44,31 @@ more network evaluation (the gradient then differentiates through the ``jvp``, r
 forward, which JAX does natively). ``'fd'`` is kept for the paper's form and for a source
 that forward mode cannot differentiate.
 
-Our choices, not read from the paper (its loss weighting and schedules are unverified here;
-Aali et al. 2023): ``x_hat`` enters the DSM term through
-``stop_gradient`` (the denoiser is trained by SURE alone; DSM cannot move ``x_hat`` towards
-estimates that are easier to score); the weight ``lambda(sigma_n)``; EDM's noise levels and
-preconditioning for the DSM term.
+The authors' loss (``utcsilab/score-diffusion-training``, ``losses.py``) and ours: their
+DSM gradient reaches the denoiser through ``x_hat`` (``dsm_into_denoiser=True``, the default;
+``False`` is this codebase's first choice, ``stop_gradient``); their DSM term is summed over
+the pixels, weighted by ``sigma^2`` in score space and by an unpublished ``score_wt`` times the
+epoch index, so it is zero in the first epoch and grows (``dsm_weight``, ``dsm_ramp_steps``:
+a linear ramp to a cap); their SURE has weight 1 per pixel and ours ``lambda(sigma_n)``; their
+network is noise-unconditional (NCSNv2: the score is ``f(x) / sigma``) where ours is EDM's
+sigma-conditioned denoiser, over EDM's noise levels.
 
 **SURE is unbiased for a denoiser that does not depend on the noise it is evaluated on.**
 Trained on one fixed noisy copy of each example, a flexible network can fit those copies
-(``h(y_i) ~ y_i`` with a small Jacobian there, so the training SURE falls below zero towards
-``-sigma_n^2`` per coordinate) while its error on fresh noise grows: on the 1,438 8x8 digits
-at ``sigma_n = 0.5`` an MLP of width 256 starts to after about 400 steps of batch 128
-(``benchmarks/sure_digits.py``). SURE on *held-out* noisy examples (``aux["sure"]`` of
-:meth:`SURE.example_losses` on them) estimates the error on fresh noise from noisy data
-alone, for early stopping or model selection. Fitting the copies bounds the training SURE
-below by about ``-sigma_n^2`` per coordinate; a lower value needs a negative divergence
-estimate, which no posterior-mean denoiser has (its Jacobian ``Cov[x | y] / sigma_n^2`` is
-positive semi-definite): the network then exploits SURE being unbounded below. The digits
-table's sigma_n = 0.5 run reached -5.7 against that bound of -2 (after the weight
-``lambda(0.5) = 8``; docs/sure.md); monitoring the divergence term catches it.
+while its error on fresh noise grows: on the 1,438 8x8 digits at ``sigma_n = 0.5`` an MLP of
+width 256 starts to after about 400 steps of batch 128 (``benchmarks/sure_digits.py``).
+Fitting the copies (``h(y_i) = y_i``) with a Jacobian near 0 there brings SURE to ``-sigma_n^2``
+per coordinate, no lower. A lower training SURE needs a negative divergence estimate: the
+network makes ``b^T J b < 0`` at its training points, which no posterior-mean denoiser does
+(its Jacobian ``Cov[x | y] / sigma_n^2`` is symmetric positive semi-definite, so every
+probe's ``b^T J b >= 0``). SURE is linear in the divergence and so unbounded below: the
+network is rewarded for making it negative, and the parts ``aux["sure_residual"]`` and
+``aux["sure_divergence"]`` (logged by training) show it. Two guards:
+``nonnegative_divergence`` clips the estimate at 0 (SURE is then bounded below by
+``-sigma_n^2`` per coordinate and a negative divergence earns nothing), and SURE on
+*held-out* noisy examples (``data.holdout``: ``aux["sure"]`` of :meth:`SURE.example_losses`
+on them) estimates the error on fresh noise from noisy data alone, for early stopping or
+model selection.
 
 Keys: the step's key is split into two streams, ``fold_in(key, 0)`` for the DSM term
 (example ``b``'s noise level and noise from ``fold_in(fold_in(key, 0), b)``, as
@@ -110,7 +116,9 @@ def sure_risk(
     divergence: str = "jvp",
     eps=None,
     labels: Array | None = None,
-) -> tuple[Array, Array]:
+    nonnegative_divergence: bool = False,
+    parts: bool = False,
+) -> tuple:
     """Stein's unbiased risk estimate of a denoiser, per example (module docstring).
 
     ``SURE(h, y) = |y - h(y)|^2 + 2 sigma_n^2 div h(y) - d sigma_n^2``, with ``div h``
@@ -127,10 +135,16 @@ def sure_risk(
       labels: ``None``, or ``[batch]`` per-example values (class labels) mapped with the
         examples: ``denoise(y_b, labels_b)`` is then called (the divergence is taken in
         ``y_b`` only).
+      nonnegative_divergence: clip the divergence estimate at 0 (the guard of
+        :class:`SURE`: a posterior-mean denoiser's Jacobian is positive semi-definite, so
+        every probe's ``b^T J b`` is >= 0; the clipped SURE is bounded below by ``-d
+        sigma_n^2``).
+      parts: also return ``{"residual": |y - h|^2, "divergence": div h}`` (each
+        ``[batch]``; the divergence after the clip).
 
     Returns:
-      ``(h, risk)``: ``h = denoise(y)`` ``[batch, *data_shape]`` and ``risk`` ``[batch]``,
-      summed over the ``d`` coordinates (data units squared).
+      ``(h, risk)``, or ``(h, risk, parts)``: ``h = denoise(y)`` ``[batch, *data_shape]``
+      and ``risk`` ``[batch]``, summed over the ``d`` coordinates (data units squared).
 
     Raises:
       ValueError: naming ``sigma_n``, ``divergence`` or ``eps`` (as ``step``), or ``probes``
@@ -165,7 +179,10 @@ def sure_risk(
             )
         )(y, probes, labels)
     sq = jnp.sum((y - h) ** 2, axis=tuple(range(1, y.ndim)))
-    return h, sq + 2.0 * sigma_n**2 * div - d * sigma_n**2
+    if nonnegative_divergence:
+        div = jnp.maximum(div, 0.0)
+    risk = sq + 2.0 * sigma_n**2 * div - d * sigma_n**2
+    return (h, risk, {"residual": sq, "divergence": div}) if parts else (h, risk)
 
 
 @static_pytree
@@ -185,6 +202,18 @@ class SURE(Objective):
         :data:`FD_STEP`); refused with ``'jvp'``.
       P_mean, P_std, sigma_data, reduce: the DSM term's, as :class:`EDMLoss`; ``sigma_data``
         also gives the SURE term's weight ``lambda(sigma_n)``, ``reduce`` its reduction.
+      dsm_into_denoiser: the DSM term's gradient reaches the denoiser through ``x_hat =
+        h(y)`` (default, the authors' loss: score consistency pulls the denoised estimates
+        towards points the network scores well); ``False``: ``x_hat`` enters through
+        ``stop_gradient`` (the denoiser is trained by SURE alone).
+      dsm_weight: the DSM term's weight (> 0; 1: EDM's per-coordinate scale). The authors'
+        DSM is summed over the ``d`` coordinates against a per-coordinate SURE: ``d`` here
+        with ``reduce='mean'`` (times their unpublished ``score_wt``).
+      dsm_ramp_steps: ``> 0``: the DSM weight grows linearly from 0 over this many training
+        steps, then stays at ``dsm_weight`` (the authors' weight grows with the epoch index
+        without a cap); ``0``: constant. Needs the step (:attr:`uses_step`).
+      nonnegative_divergence: clip the divergence estimate at 0 (:func:`sure_risk`): a guard
+        against the network driving SURE below what any posterior-mean denoiser reaches.
 
     Raises:
       ValueError: naming ``objective.<field>`` for a value out of range (as above and as
@@ -202,8 +231,27 @@ class SURE(Objective):
     P_std: float = 1.2
     sigma_data: float = 0.5
     reduce: str = "mean"
+    dsm_into_denoiser: bool = True
+    dsm_weight: float = 1.0
+    dsm_ramp_steps: int = 0
+    nonnegative_divergence: bool = False
+
+    @property
+    def uses_step(self) -> bool:
+        """The loss changes with the step (a DSM ramp): the train step passes it."""
+        return self.dsm_ramp_steps > 0
 
     def __post_init__(self):
+        for f in ("dsm_into_denoiser", "nonnegative_divergence"):
+            require(
+                isinstance(getattr(self, f), bool),
+                f"objective.{f}",
+                "true or false",
+                getattr(self, f),
+            )
+        w = check_real(self.dsm_weight, "objective.dsm_weight", low=0.0, low_open=True)
+        object.__setattr__(self, "dsm_weight", w)
+        check_int(self.dsm_ramp_steps, "objective.dsm_ramp_steps", low=0)
         s = check_real(self.sigma_n, "objective.sigma_n", low=0.0, low_open=True)
         object.__setattr__(self, "sigma_n", s)
         w = check_real(self.sure_weight, "objective.sure_weight", low=0.0, low_open=True)
@@ -239,20 +287,34 @@ class SURE(Objective):
         reduce``."""
         return edm_loss_like(self)
 
-    def example_losses(self, source, x0, key):
-        """``sure_weight lambda(sigma_n) reduce(SURE) + lambda(sigma) reduce((D - x_hat)^2)``.
+    def example_losses(self, source, x0, key, step=None):
+        """``sure_weight lambda(sigma_n) reduce(SURE) + r(step) dsm_weight lambda(sigma)
+        reduce((D - x_hat)^2)``, ``r`` the ramp (1 without one).
 
         Args:
           source: a score source; its ``denoiser`` is trained (data units).
           x0: ``[batch, *data_shape]`` the *noisy* training examples ``y`` (data units).
           key: the step's PRNG key (two streams, module docstring).
+          step: the training step (needed with ``dsm_ramp_steps > 0``).
 
         Returns:
           ``(losses [batch], aux)``, ``aux`` of ``[batch]`` arrays: ``sigma`` the DSM term's
           VE-frame noise levels, ``sure`` the reduced SURE estimate of the denoiser's squared
-          error at ``sigma_n`` against the clean data (data units squared), ``dsm`` the DSM
-          term.
+          error at ``sigma_n`` against the clean data (data units squared), its parts
+          ``sure_residual`` (``reduce |y - h|^2``) and ``sure_divergence`` (``reduce(2
+          sigma_n^2 div h)``, so that ``sure = sure_residual + sure_divergence - sigma_n^2``
+          per coordinate with ``reduce='mean'``), ``dsm`` the DSM term (unweighted).
+
+        Raises:
+          ValueError: naming ``objective.dsm_ramp_steps`` when a ramp has no step (e.g.
+            under a penalty wrapper that does not pass it).
         """
+        require(
+            step is not None or self.dsm_ramp_steps == 0,
+            "objective.dsm_ramp_steps",
+            "0 where the training step is not passed (e.g. under penalty=qc)",
+            self.dsm_ramp_steps,
+        )
         p = self.process
         y = x0
         shape = y.shape[1:]
@@ -269,7 +331,7 @@ class SURE(Objective):
             return jnp.reshape(probe_vectors(k, self.probes, d, self.probe), (self.probes, *shape))
 
         probes = jax.vmap(draw)(example_keys(jax.random.fold_in(key, 1), y.shape[0]))
-        h, risk = sure_risk(
+        h, risk, part = sure_risk(
             denoise,
             y,
             probes,
@@ -277,11 +339,99 @@ class SURE(Objective):
             divergence=self.divergence,
             eps=self.eps,
             labels=labels,
+            nonnegative_divergence=self.nonnegative_divergence,
+            parts=True,
         )
-        sure = risk / d if self.reduce == "mean" else risk
-        dsm, aux = self.dsm.example_losses(
-            source, jax.lax.stop_gradient(h), jax.random.fold_in(key, 0)
-        )
+        scale = 1.0 / d if self.reduce == "mean" else 1.0
+        x_hat = h if self.dsm_into_denoiser else jax.lax.stop_gradient(h)
+        dsm, aux = self.dsm.example_losses(source, x_hat, jax.random.fold_in(key, 0))
         lam = edm_weight(ve_sigma=self.sigma_n, sigma_data=self.sigma_data)
-        losses = self.sure_weight * lam * sure + dsm
-        return losses, {"sigma": aux["sigma"], "sure": sure, "dsm": dsm}
+        w_dsm = self.dsm_weight
+        if self.dsm_ramp_steps > 0:
+            w_dsm = w_dsm * jnp.minimum(jnp.asarray(step, jnp.float32) / self.dsm_ramp_steps, 1.0)
+        losses = self.sure_weight * lam * risk * scale + w_dsm * dsm
+        return losses, {
+            "sigma": aux["sigma"],
+            "sure": risk * scale,
+            "sure_residual": part["residual"] * scale,
+            "sure_divergence": 2.0 * self.sigma_n**2 * part["divergence"] * scale,
+            "dsm": dsm,
+        }
+
+
+def denoiser_sure(
+    source,
+    y: Array,
+    *,
+    sigma_n: float,
+    key: jax.Array,
+    probes: int = 8,
+    clean: Array | None = None,
+    batch_size: int = 256,
+) -> dict:
+    """SURE of a score source's denoiser at ``sigma_n`` on noisy examples, with its parts,
+    per coordinate: for monitoring a trained model (held-out SURE, :class:`SURE`'s guard).
+
+    The denoiser is ``h(y) = D(alpha(t_n) y, t_n)`` with ``t_n`` the time of VE-frame noise
+    level ``sigma_n`` (as :class:`SURE` trains it); ``div h`` by ``probes`` Rademacher probes
+    per example with exact ``b^T J b`` (:func:`sure_risk`, ``'jvp'``), example ``i``'s from
+    ``fold_in(key, i)``.
+
+    Args:
+      source: a score source (its ``process`` reaches ``sigma_n``).
+      y: ``[n, *data_shape]`` noisy examples ``x + sigma_n n`` (data units).
+      sigma_n: their noise standard deviation (data units, > 0).
+      key: the probes' key.
+      probes: probes per example (>= 1).
+      clean: ``None``, or the clean ``[n, *data_shape]`` examples: then also the true error.
+      batch_size: examples per compiled call (memory only, not the numbers).
+
+    Returns:
+      ``{"sure", "residual", "divergence", "se"}`` and, with ``clean``, ``"mse"``: means
+      over examples and coordinates (data units squared); ``sure = residual + divergence -
+      sigma_n^2``, ``divergence`` the term ``2 sigma_n^2 div h / d``, ``se`` the standard
+      error of ``sure`` over examples. For examples independent of the denoiser,
+      ``E[sure] = E[mse]`` (Stein 1981).
+
+    Raises:
+      ValueError: naming ``sigma_n``, ``probes``, ``batch_size``, ``y`` or ``clean``.
+    """
+    sigma_n = check_real(sigma_n, "sigma_n", low=0.0, low_open=True)
+    probes = check_int(probes, "probes", low=1)
+    batch_size = check_int(batch_size, "batch_size", low=1)
+    y = jnp.asarray(y, jnp.float32)
+    require(y.ndim >= 2 and y.shape[0] >= 1, "y", "[n, *data_shape] with n >= 1", y.shape)
+    if clean is not None:
+        require(np.shape(clean) == y.shape, "clean", f"the shape of y {y.shape}", np.shape(clean))
+    p = source.process
+    shape, d = y.shape[1:], math.prod(y.shape[1:])
+    t_n = p.t_of_ve_sigma(jnp.float32(sigma_n))
+    alpha_n = p.alpha(t_n)
+
+    @jax.jit
+    def part(yb, first):
+        keys = example_keys(key, yb.shape[0], first)
+        b = jax.vmap(lambda k: probe_vectors(k, probes, d, "rademacher"))(keys)
+        b = jnp.reshape(b, (yb.shape[0], probes, *shape))
+        h, risk, parts = sure_risk(
+            lambda z: source.denoiser((alpha_n * z)[None], t_n)[0],
+            yb,
+            b,
+            sigma_n=sigma_n,
+            parts=True,
+        )
+        return h, risk / d, parts["residual"] / d, 2.0 * sigma_n**2 * parts["divergence"] / d
+
+    chunks = [part(y[i : i + batch_size], i) for i in range(0, y.shape[0], batch_size)]
+    h, sure, res, div = (
+        np.concatenate([np.asarray(c[j], np.float64) for c in chunks]) for j in range(4)
+    )
+    out = {
+        "sure": float(sure.mean()),
+        "residual": float(res.mean()),
+        "divergence": float(div.mean()),
+        "se": float(sure.std(ddof=1) / math.sqrt(sure.size)) if sure.size > 1 else math.nan,
+    }
+    if clean is not None:
+        out["mse"] = float(np.mean((h - np.asarray(clean, np.float64)) ** 2))
+    return out

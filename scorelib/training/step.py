@@ -334,6 +334,8 @@ def make_train_step(
             source = make_source(params, k_drop)
             if labels is not None:
                 source = source.with_labels(labels)
+            if getattr(objective, "uses_step", False):  # e.g. SURE's DSM ramp
+                return objective(source, x0, k_loss, step=i)
             return objective(source, x0, k_loss)
 
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)

@@ -15,31 +15,50 @@ LEVELS = "table.noise_levels must be a number in (0.0, inf)"
 
 def test_sure_smoke(tmp_path):
     run_dir = tmp_path / "run"
-    _, res = smoke_table("sure", ("summary",), run_dir)
-    # the SURE model learned from the noisy digits at the table's noise level
-    cfg = OmegaConf.load(run_dir / "runs/sure_0.5_seed0/config.yaml")
-    assert cfg.objective._target_.endswith("SURE") and cfg.data.noise_sigma == 0.5
+    _, res = smoke_table("sure", ("summary", "denoisers"), run_dir)
+    # the SURE models learned from the noisy digits at the table's noise level, one per variant
+    authors = OmegaConf.load(run_dir / "runs/sure_authors_0.5_seed0/config.yaml")
+    assert authors.objective._target_.endswith("SURE") and authors.data.noise_sigma == 0.5
+    assert authors.objective.dsm_into_denoiser and authors.objective.dsm_ramp_steps == 20
+    first = OmegaConf.load(run_dir / "runs/sure_first_0.5_seed0/config.yaml").objective
+    assert not first.dsm_into_denoiser and not first.nonnegative_divergence
+    guard = OmegaConf.load(run_dir / "runs/sure_guard_0.5_seed0/config.yaml").objective
+    assert guard.nonnegative_divergence
     assert OmegaConf.load(run_dir / "runs/clean_seed0/config.yaml").data.noise_sigma is None
     rows = {(x["sigma_n"], x["label"]): x for x in res}
+    sure_rows = [f"SURE-Score ({k}), noisy digits" for k in ("authors", "first", "guard")]
     assert set(rows) == {
         (None, "DSM, clean digits (reference)"),
-        (0.5, "SURE-Score, noisy digits"),
+        *((0.5, label) for label in sure_rows),
         (0.5, "DSM, noisy digits"),
         (0.5, "noisy training digits (no model)"),
     }
     for x in res:
         assert 0 <= x["c2st_pixels_samples"] <= 1 and 0 <= x["recall_pixels_samples"] <= 1
         assert x["two_sample_n"] == 100  # the smoke scale's samples, all against test digits
+    for label in [*sure_rows, "DSM, noisy digits"]:
+        x = rows[(0.5, label)]
+        for split in ("train", "held_out"):
+            # SURE = residual + divergence term - sigma_n^2, per pixel
+            parts = x[f"residual_{split}"] + x[f"divergence_{split}"] - 0.25
+            assert x[f"sure_{split}"] == pytest.approx(parts, abs=1e-5)
+            assert x[f"mse_{split}"] > 0
+        assert ("trace" in x) == label.startswith("SURE")
+    # the guard's logged divergence term is never negative
+    assert rows[(0.5, sure_rows[2])]["trace"]["div_min"] >= 0
     # noise at 0.5 on [-1, 1] images is told from clean digits by its pixels
     assert rows[(0.5, "noisy training digits (no model)")]["c2st_pixels_samples"] > 0.8
     summary = (run_dir / "sure_summary.md").read_text()
     assert "clean training digits (floor)" in summary and "competitive with clean" in summary
+    assert "SURE, held-out digits" in (run_dir / "sure_denoisers.md").read_text()
 
-    # table=sure_reconstruct finds the same priors complete in the same directory (its
-    # models are table=sure's: same overrides, same slugs) and reconstructs with each
-    trained = (run_dir / "runs/sure_0.5_seed0/checkpoints").stat().st_mtime_ns
+
+def test_sure_reconstruct_smoke(tmp_path):
+    run_dir = tmp_path / "run"
     _, rec = smoke_table("sure_reconstruct", ("psnr", "gap"), run_dir)
-    assert (run_dir / "runs/sure_0.5_seed0/checkpoints").stat().st_mtime_ns == trained
+    # the committed recipe: x_hat through stop_gradient
+    cfg = OmegaConf.load(run_dir / "runs/sure_0.5_seed0/config.yaml")
+    assert not cfg.objective.dsm_into_denoiser
     rows = rec["rows"]
     assert {(r["task"], r["model"], r["method"]) for r in rows} == {
         (t, lab, m)
@@ -82,7 +101,7 @@ def test_sure_smoke(tmp_path):
             "table.smoke.noise_levels=[-0.2]",
             "table.noise_levels must be a number in (0.0, inf); got -0.2",
         ),
-        ("table.seeds=[0,0]", "table.seeds must be distinct integers"),
+        ("table.smoke.seeds=[0,0]", "table.seeds must be distinct integers"),
         ("table.scale=full", "table.scale must be 'small' or 'smoke'; got 'full'"),
     ],
 )

@@ -36,12 +36,17 @@ def test_verdict_reads_every_seed():
     assert verdict([0.8, math.nan, 0.9], ok, 0.5).startswith("no gap")
 
 
-def test_priors_are_table_sure_models():
-    mine = OmegaConf.load(CONFIG_DIR / "table/sure_reconstruct.yaml")
-    theirs = OmegaConf.load(CONFIG_DIR / "table/sure.yaml")
-    assert mine.overrides == theirs.overrides and mine.sure == theirs.sure
-    assert mine.smoke.overrides == theirs.smoke.overrides
-    assert mine.smoke.noise_levels == theirs.smoke.noise_levels
+def test_priors_are_the_committed_recipe_through_table_sure_models():
+    """sure_reconstruct's priors: table=sure's model list read from its own config (one
+    SURE-Score model, the committed recipe with x_hat through stop_gradient)."""
+    from experiments.tables import sure
+
+    tc = OmegaConf.load(CONFIG_DIR / "table/sure_reconstruct.yaml")
+    got = sure.models(tc, 0)
+    labels = [label for _, label in got]
+    assert labels.count(sure.SURE) == len(tc.noise_levels)
+    name, overrides = got[(0.5, sure.SURE)]
+    assert name == "sure_0.5_seed0" and "objective.dsm_into_denoiser=false" in overrides
 
 
 def test_a_run_directory_with_override_characters_composes(tmp_path):

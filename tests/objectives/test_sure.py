@@ -26,7 +26,7 @@ from objective_calls import losses_and_call
 from experiments import build
 from scorelib.data import load_digits
 from scorelib.divergence import probe_vectors
-from scorelib.objectives import SURE, example_draws, sure_risk
+from scorelib.objectives import SURE, denoiser_sure, example_draws, sure_risk
 from scorelib.processes import EDM, VP, broadcast_to_data
 from scorelib.scores import ScoreSource
 
@@ -255,18 +255,21 @@ def test_an_examples_loss_does_not_depend_on_its_batch():
                 np.testing.assert_allclose(small[0][0], whole[0][0][:b], rtol=1e-6)
 
 
-def test_gradient_reaches_the_denoiser_through_sure_only():
-    """``x_hat`` enters the DSM term through stop_gradient: with a denoiser ``D = c x`` the
-    gradient in ``c`` is the SURE term's plus the DSM term's at fixed ``x_hat``, computed
-    here by differentiating each with the other held fixed."""
+class Scaled(ScoreSource):
+    """The linear denoiser ``D = c x`` (its divergence is ``c d``)."""
 
-    class Scaled(ScoreSource):
-        c: jax.Array = 0.7
+    c: jax.Array = 0.7
 
-        def denoiser(self, x, t):
-            return self.c * x
+    def denoiser(self, x, t):
+        return self.c * x
 
-    obj = SURE(EDM(), sigma_n=0.4)
+
+@pytest.mark.parametrize("into", [True, False], ids=["into_denoiser", "stop_gradient"])
+def test_the_dsm_gradient_reaches_the_denoiser_only_when_asked(into):
+    """With ``D = c x``: the gradient in ``c`` is the SURE term's plus the DSM term's, the
+    latter through ``x_hat = c y`` (the authors' loss, ``dsm_into_denoiser=True``) or at
+    fixed ``x_hat`` (``False``), each computed here with the other term held fixed."""
+    obj = SURE(EDM(), sigma_n=0.4, dsm_into_denoiser=into)
     y = jax.random.normal(jax.random.key(0), (5, 3))
     key = jax.random.key(1)
     lam = (0.16 + 0.25) / (0.4 * 0.5) ** 2
@@ -278,14 +281,61 @@ def test_gradient_reaches_the_denoiser_through_sure_only():
         g_sure = jax.grad(lambda c: lam * jnp.mean((1 - c) ** 2 * jnp.mean(y**2, -1) + 0.32 * c))(
             c0
         )
-        x_hat = c0 * y
-        g_dsm = jax.grad(
-            lambda c: obj.dsm(Scaled(process=EDM(), c=c), x_hat, jax.random.fold_in(key, 0))[0]
-        )(c0)
+
+        def dsm(c, x_hat):
+            return obj.dsm(Scaled(process=EDM(), c=c), x_hat, jax.random.fold_in(key, 0))[0]
+
+        g_dsm = jax.grad(lambda c: dsm(c, c * y if into else c0 * y))(c0)
         return g, g_sure, g_dsm
 
     g, g_sure, g_dsm = grads(jnp.float32(0.7))
     assert float(g) == pytest.approx(float(g_sure + g_dsm), rel=1e-4)
+
+
+def test_dsm_weight_ramp_and_the_logged_parts_of_sure():
+    """loss = lambda(sigma_n) SURE + min(step / R, 1) w DSM, SURE = residual + divergence
+    term - sigma_n^2 per coordinate (D = c x: divergence c d), and the guard clips a
+    negative divergence at 0."""
+    y = jax.random.normal(jax.random.key(0), (4, 3))
+    key = jax.random.key(2)
+    lam = (0.16 + 0.25) / (0.4 * 0.5) ** 2
+    obj = SURE(EDM(), sigma_n=0.4, dsm_weight=3.0, dsm_ramp_steps=10)
+    assert obj.uses_step and not SURE(EDM(), sigma_n=0.4).uses_step
+    for c, clip in ((0.7, False), (-0.5, False), (-0.5, True)):
+        o = obj.replace(nonnegative_divergence=clip)
+        src = Scaled(process=EDM(), c=jnp.float32(c))
+        for step, r in ((0, 0.0), (4, 0.4), (25, 1.0)):
+            per, aux = o.example_losses(src, y, key, step=jnp.int32(step))
+            want = lam * aux["sure"] + r * 3.0 * aux["dsm"]
+            np.testing.assert_allclose(per, want, rtol=1e-5)
+        res = np.mean(np.asarray((1 - c) ** 2 * y**2), axis=-1)
+        np.testing.assert_allclose(aux["sure_residual"], res, rtol=1e-5)
+        div = 2 * 0.16 * (max(c, 0.0) if clip else c)  # 2 sigma_n^2 c d / d
+        np.testing.assert_allclose(aux["sure_divergence"], div, rtol=1e-5)
+        np.testing.assert_allclose(aux["sure"], res + div - 0.16, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="^objective.dsm_ramp_steps must be 0 where"):
+        obj.example_losses(src, y, key)
+
+
+def test_denoiser_sure_of_a_linear_denoiser_matches_its_closed_form_error():
+    """D = c y on x ~ N(0, s^2 I): the true error per coordinate is (c - 1)^2 s^2 + c^2
+    sigma_n^2; SURE estimates it within 4 standard errors, its divergence term is exactly
+    2 sigma_n^2 c and its residual has mean (1 - c)^2 (s^2 + sigma_n^2)."""
+    s, sn, c, n = 0.8, 0.5, 0.6, 4000
+    kx, kn = jax.random.split(jax.random.key(0))
+    x = s * jax.random.normal(kx, (n, 4, 2))
+    y = x + sn * jax.random.normal(kn, x.shape)
+    got = denoiser_sure(
+        Scaled(process=EDM(), c=jnp.float32(c)), y, sigma_n=sn, key=jax.random.key(1), clean=x
+    )
+    want = (c - 1) ** 2 * s**2 + c**2 * sn**2
+    assert abs(got["sure"] - want) < 4 * got["se"], (got, want)
+    assert got["divergence"] == pytest.approx(2 * sn**2 * c, rel=1e-5)
+    assert got["residual"] == pytest.approx((1 - c) ** 2 * (s**2 + sn**2), rel=0.05)
+    assert got["sure"] == pytest.approx(got["residual"] + got["divergence"] - sn**2, rel=1e-5)
+    assert got["mse"] == pytest.approx(want, rel=0.05)
+    with pytest.raises(ValueError, match="^clean must be the shape of y"):
+        denoiser_sure(Scaled(process=EDM()), y, sigma_n=sn, key=jax.random.key(1), clean=x[:2])
 
 
 # --- bad inputs -------------------------------------------------------------------------
@@ -307,6 +357,10 @@ def test_gradient_reaches_the_denoiser_through_sure_only():
         ({"sigma_n": 0.2, "divergence": "fd", "eps": 0.0}, "objective.eps"),
         ({"sigma_n": 0.2, "P_std": 0.0}, "objective.P_std"),
         ({"sigma_n": 0.2, "reduce": "max"}, "objective.reduce"),
+        ({"sigma_n": 0.2, "dsm_weight": 0.0}, "objective.dsm_weight"),
+        ({"sigma_n": 0.2, "dsm_ramp_steps": -1}, "objective.dsm_ramp_steps"),
+        ({"sigma_n": 0.2, "dsm_into_denoiser": 1}, "objective.dsm_into_denoiser"),
+        ({"sigma_n": 0.2, "nonnegative_divergence": "yes"}, "objective.nonnegative_divergence"),
     ],
 )
 def test_bad_fields(kwargs, field):

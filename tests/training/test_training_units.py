@@ -199,6 +199,29 @@ def test_ema_of_a_300_step_run_beats_raw_params_at_the_optimum(warmup):
         assert np.all(avg > 100 * raw), (avg, raw)
 
 
+class _StepLoss:
+    """An objective whose loss is its step (``uses_step``), plus 0 times the parameters."""
+
+    uses_step = True
+
+    def __call__(self, source, x0, key, step=None):
+        loss = jnp.asarray(step, jnp.float32) + 0.0 * jnp.sum(source["w"])
+        return loss, {}
+
+
+def test_the_train_step_passes_the_step_to_an_objective_that_uses_it():
+    opt = make_optimizer(lr=0.05, warmup_steps=0, grad_clip=None)
+    step = make_train_step(
+        _StepLoss(), lambda p, k: p, opt, EMA(decay=0.9), lambda i: jnp.zeros(())
+    )
+    st = create_state({"w": jnp.zeros(4)}, opt, seed=0)
+    losses = []
+    for _ in range(3):
+        st, m = step(st)
+        losses.append(float(m["loss"]))
+    assert losses == [0.0, 1.0, 2.0]
+
+
 @pytest.mark.slow  # over 5 s on 2 idle cores: `make test` only
 def test_ema_of_a_300_step_toy_diffusion_run_is_not_worse_than_raw():
     """The EMA (decay 0.999) of a 300-step toy diffusion run with warm-up is not worse than
