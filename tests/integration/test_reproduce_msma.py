@@ -14,10 +14,12 @@ def test_msma_smoke(tmp_path):
     assert (run_dir / "model" / "config.yaml").is_file()  # trained here: table.model=null
     # the table config as given (the smoke block merged by the table itself)
     assert meta["config"]["scale"] == "smoke"
-    assert set(res["sigmas"]) == {"authors", "first"}
+    protocols = {"authors", "train_fit", "four_components", "first_levels", "first"}
+    assert set(res["sigmas"]) == protocols  # the smoke block merges over the five
     assert all(len(v) == 3 for v in res["sigmas"].values())
     # a quarter of the 1,438 training digits held out of training: the authors' fit set
-    assert res["n_train"] == 1079 and res["n_fit"] == {"authors": 359, "first": 1079}
+    assert res["n_train"] == 1079 and res["n_fit"]["authors"] == 359
+    assert res["n_fit"]["first"] == res["n_fit"]["train_fit"] == 1079
     comps = res["seeds"][0]["components"]
     assert comps["model_first"] == 2 and 1 <= comps["model_authors"] <= 3  # cv over [1, 3]
     sets = res["seeds"][0]["sets"]
@@ -32,7 +34,7 @@ def test_msma_smoke(tmp_path):
     assert sets["uniform noise on the 17 levels"]["n"] == 24
     for name, entry in sets.items():
         keys = [k for k in entry if k.endswith("_auroc")]
-        assert len(keys) == (0 if name.startswith("test digits (in") else 6), (name, entry)
+        assert len(keys) == (0 if name.startswith("test digits (in") else 12), (name, entry)
         assert all(0.0 <= entry[k] <= 1.0 for k in keys)
     # known-good: pixels drawn uniformly on the levels are nothing like digits, and the
     # Gaussian fit of the digits (no training involved) tells them apart through every detector
