@@ -33,7 +33,7 @@ BAD_COMMANDS = [
     (
         R,
         ["table=qcsbm", "table.weights=0.5"],
-        "table.weights must be a list (as its default, [1.6e-06, 0.00016, 0.016]); got 0.5",
+        "table.weights must be a list (as its default, [1.6e-06, 0.00016, 0.0016, 0.016]); got 0.5",
     ),
     (
         R,
