@@ -53,6 +53,7 @@ from experiments.runs.layout import pyplot, save_figure
 from experiments.tables.common import (
     check_digits_run,
     check_seeds,
+    compose_config,
     given_or_trained,
     pm,
     run_revision,
@@ -60,7 +61,7 @@ from experiments.tables.common import (
 )
 from scorelib._checks import check_choice, check_int, check_real, require
 from scorelib._io import atomic_write_text, portable_path
-from scorelib.data import downsample_to_digits, load_mnist_subset, shift_images
+from scorelib.data import downsample_to_digits, load_digits, load_mnist_subset, shift_images
 from scorelib.data.images import quantise
 from scorelib.metrics import (
     auroc,
@@ -102,10 +103,16 @@ def _settings(cfg: DictConfig) -> DictConfig:
         lo = check_real(p.get("sigma_min"), f"{f}.sigma_min", low=0.0, low_open=True)
         check_real(p.get("sigma_max"), f"{f}.sigma_max", low=lo, low_open=True)
     cv = list(tc.cv_components)
-    require(len(cv) == 2, "table.cv_components", "[lo, hi]", cv)
-    lo = check_int(cv[0], "table.cv_components", low=1)
-    check_int(cv[1], "table.cv_components", low=lo)
-    check_int(tc.cv_folds, "table.cv_folds", low=2)
+    ok = len(cv) == 2 and all(isinstance(k, int) and k >= 1 for k in cv) and cv[0] <= cv[1]
+    require(ok, "table.cv_components", "[lo, hi] with 1 <= lo <= hi", cv)
+    folds = check_int(tc.cv_folds, "table.cv_folds", low=2)
+    n_fit = fit_sizes(tc)
+    for name, p in tc.protocols.items():
+        n = n_fit[p.fit]
+        if p.n_components == "cv" and n is not None:
+            check_int(folds, f"table.cv_folds (protocol {name}: {n} digits)", high=n)
+            top = n - -(-n // folds)  # a training fold's size
+            check_int(cv[1], f"table.cv_components[1] (protocol {name}: folds of {top})", high=top)
     check_choice(tc.covariance_type, "table.covariance_type", COVARIANCE_TYPES)
     check_seeds(tc.seeds)
     check_int(tc.ood_size, "table.ood_size", low=2)
@@ -119,6 +126,18 @@ def _settings(cfg: DictConfig) -> DictConfig:
     if tc.model is not None:
         check_digits_run("table.model", tc.model)
     return tc
+
+
+def fit_sizes(tc) -> dict:
+    """``{"train", "held_out"}``: the digits each fit split holds for the model that
+    ``table.model_overrides`` trains (``None`` for a given ``table.model``: known once it is
+    loaded)."""
+    if tc.model is not None:
+        return {"train": None, "held_out": None}
+    holdout = compose_config("train", list(tc.model_overrides)).data.get("holdout")
+    data = load_digits() if holdout is None else load_digits().hold_out(float(holdout))
+    held = None if data.held_out is None else len(data.held_out)
+    return {"train": len(data.train), "held_out": held}
 
 
 def noise_levels(tc, protocol) -> np.ndarray:

@@ -97,12 +97,16 @@ def _settings(cfg: DictConfig) -> DictConfig:
     for field in ("weights", "scratch_weights"):
         for w in tc[field]:
             check_real(w, f"table.{field}", low=0.0, low_open=True, high_open=True)
+        if len({float(w) for w in tc[field]}) != len(tc[field]):
+            raise ValueError(f"table.{field} must be distinct; got {list(tc[field])}")
     if not tc.asym_sigmas:
         raise ValueError("table.asym_sigmas must list at least one noise level > 0")
     for s in tc.asym_sigmas:
         check_real(s, "table.asym_sigmas", low=0.0, low_open=True, high_open=True)
     seeds = check_seeds(tc.seeds)
     bad = [s for s in tc.scratch_seeds if s not in seeds]
+    if len(set(tc.scratch_seeds)) != len(tc.scratch_seeds):
+        raise ValueError(f"table.scratch_seeds must be distinct; got {list(tc.scratch_seeds)}")
     if bad:
         raise ValueError(f"table.scratch_seeds must be among table.seeds {seeds}; got {bad}")
     n_test = load_digits().test.shape[0]

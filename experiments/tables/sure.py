@@ -94,10 +94,15 @@ def _settings(cfg: DictConfig) -> DictConfig:
     seeds = check_seeds(tc.seeds)
     check_int(tc.floor_draws, "table.floor_draws", low=1)
     check_int(tc.sure_probes, "table.sure_probes", low=1)
+    holdout = compose(tc.overrides).data.get("holdout")
+    require(
+        holdout is not None,
+        "table.overrides",
+        "a list that includes data.holdout=<fraction in (0, 1)> (the held-out SURE's digits)",
+        "none",
+    )
     for overrides in models(tc, int(seeds[0])).values():
         check(overrides[1])  # a bad override fails here, before any training
-    holdout = compose(tc.overrides).data.get("holdout")
-    require(holdout is not None, "table.overrides", "data.holdout=<fraction> (held-out SURE)", None)
     return tc
 
 

@@ -56,6 +56,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.runs.layout import pyplot, save_figure
 from experiments.tables.common import check_seeds, pm, scaled
+from scorelib._checks import check_int, check_real
 from scorelib._io import atomic_write_text
 from scorelib.data.targets import make_target
 from scorelib.metrics import label_variance, noisy_samples, relative_score_error, sample_distances
@@ -113,16 +114,31 @@ def _settings(cfg: DictConfig) -> DictConfig:
             raise ValueError(
                 f"table.objectives.{name}.precond must be one of {list(PRECONDS)}; got {pre!r}"
             )
+    for name, spec in tc.objectives.items():
+        v = spec.get("kappa_sigma_d")
+        if v is not None and v != "fisher":
+            check_real(
+                v,
+                f"table.objectives.{name}.kappa_sigma_d (> 0, fisher or null)",
+                low=0.0,
+                low_open=True,
+            )
     for name, budget in (tc.get("budgets") or {}).items():
         if name not in tc.targets:
-            raise ValueError(f"table.budgets: {name!r} has no entry under table.targets")
+            raise ValueError(
+                f"table.budgets: {name!r} has no entry under table.targets "
+                f"(have {list(tc.targets)})"
+            )
         extra = sorted(set(budget) - {"model", "train"})
         if extra:
             raise ValueError(f"table.budgets.{name} may set model and train only; got {extra}")
-        for f in ("steps", "batch_size"):
-            v = (budget.get("train") or {}).get(f)
-            if v is not None and int(v) < 1:
-                raise ValueError(f"table.budgets.{name}.train.{f} must be >= 1; got {v}")
+        for part, fields in (
+            ("train", ("steps", "batch_size")),
+            ("model", ("width", "depth", "emb_dim")),
+        ):
+            for f, v in (budget.get(part) or {}).items():
+                if f in fields:
+                    check_int(v, f"table.budgets.{name}.{part}.{f}", low=1)
     for name in tc.get("controls") or []:
         if name not in tc.objectives:
             raise ValueError(

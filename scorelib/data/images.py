@@ -89,10 +89,12 @@ class ImageDataset:
         n = len(self.train)
         labels = self.train_labels if self.train_labels is not None else np.zeros(n, np.int64)
         keep, out = stratified_split(labels, fraction, seed)
+        top = int(np.unique(labels, return_counts=True)[1].max())
         require(
             keep.size >= 1 and out.size >= 1,
             "data.holdout",
-            f"a fraction leaving both sides of the {n} training images non-empty",
+            f"a fraction leaving both sides of the {n} training images non-empty (it is "
+            f"rounded class by class: at least {0.5 / top:.2g}, at most {1 - 0.5 / top:.3g})",
             fraction,
         )
         pick = lambda y, i: None if y is None else y[i]  # noqa: E731

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from scorelib._checks import check_choice, check_int, check_real, require
+from scorelib._checks import check_choice, check_int, check_real
 from scorelib.objectives.base import Objective, example_source, source_labels
 from scorelib.objectives.weights import DSM_WEIGHTINGS, dsm_weight
 from scorelib.scores.jacobian import FORMS, PROBE_NOISES, example_probes, jacobian_asymmetry
@@ -89,17 +89,20 @@ class QuasiConservative(Objective, struct.PyTreeNode):
         """Validate and build.
 
         Raises:
-          ValueError: naming ``penalty.objective`` (not an objective that gives its training
-            points), ``penalty.weight`` (not a finite number >= 0), ``penalty.probes`` (not an
-            integer >= 1), ``penalty.noise``, ``penalty.weighting`` or ``penalty.form``.
+          ValueError: naming ``penalty=qc`` (an objective that does not give its training
+            points, e.g. SURE), ``penalty.weight`` (not a finite number >= 0),
+            ``penalty.probes`` (not an integer >= 1), ``penalty.noise``, ``penalty.weighting``
+            or ``penalty.form``.
         """
-        require(
+        if not (
             isinstance(objective, Objective)
-            and type(objective).example_points is not Objective.example_points,
-            "penalty.objective",
-            "an objective that gives the points it trains at (example_points)",
-            type(objective).__name__,
-        )
+            and type(objective).example_points is not Objective.example_points
+        ):
+            raise ValueError(
+                "penalty=qc needs an objective whose training points it can penalise at "
+                f"(edm, dsm, mixed, ...); got {type(objective).__name__} (remove penalty=qc "
+                "or choose another objective)"
+            )
         weight = check_real(weight, "penalty.weight", low=0.0)
         probes = check_int(probes, "penalty.probes", low=1)
         check_choice(noise, "penalty.noise", PROBE_NOISES)

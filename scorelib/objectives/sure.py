@@ -312,7 +312,7 @@ class SURE(Objective):
         require(
             step is not None or self.dsm_ramp_steps == 0,
             "objective.dsm_ramp_steps",
-            "0 where the training step is not passed (e.g. under penalty=qc)",
+            "0 where the training step is not passed (a train step that does not pass it)",
             self.dsm_ramp_steps,
         )
         p = self.process

@@ -63,7 +63,12 @@ def test_msma_smoke(tmp_path):
         ),
         ("table.protocols.first.fit=test", "error: table.protocols.first.fit must be one of"),
         ("+table.protocols.first.levels=3", "error: table.protocols.first must be the fields"),
-        ("table.cv_components=[3,2]", "error: table.cv_components must be an integer >= 3"),
+        ("table.cv_components=[3,2]", "error: table.cv_components must be [lo, hi] with 1 <= lo"),
+        ("table.cv_folds=1000", "error: table.cv_folds (protocol authors: 359 digits) must be"),
+        (
+            "table.cv_components=[2,400]",
+            "error: table.cv_components[1] (protocol authors: folds of 323) must be",
+        ),
         ("table.cv_folds=1", "error: table.cv_folds must be an integer >= 2; got 1"),
         ("table.shifts=[[9,0]]", "error: table.shifts must be a list of [dy, dx] integer pairs"),
         ("table.model=/nonexistent", "error: table.model=/nonexistent: not an experiments.train"),

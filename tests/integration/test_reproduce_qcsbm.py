@@ -46,6 +46,8 @@ def test_qcsbm_smoke(tmp_path):
         ("table.smoke.asym_examples=400", "table.asym_examples must be an integer in [1, 359]"),
         ("table.smoke.scratch_weights=[-1.0]", "table.scratch_weights must be a number"),
         ("table.smoke.scratch_seeds=[3]", "table.scratch_seeds must be among table.seeds [0]"),
+        ("table.smoke.scratch_seeds=[0,0]", "table.scratch_seeds must be distinct"),
+        ("table.smoke.weights=[1.0,1.0]", "table.weights must be distinct"),
         ("table.penalty=[penalty.probes=0]", "penalty.probes"),
     ],
 )

@@ -102,6 +102,10 @@ def test_sure_reconstruct_smoke(tmp_path):
             "table.noise_levels must be a number in (0.0, inf); got -0.2",
         ),
         ("table.smoke.seeds=[0,0]", "table.seeds must be distinct integers"),
+        (
+            "table.smoke.overrides=['experiment=digits_edm','data.dequantise=false']",
+            "table.overrides must be a list that includes data.holdout=<fraction in (0, 1)>",
+        ),
         ("table.scale=full", "table.scale must be 'small' or 'smoke'; got 'full'"),
     ],
 )

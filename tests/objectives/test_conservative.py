@@ -321,9 +321,9 @@ def test_bad_settings_name_the_field(kw, field):
 
 
 def test_an_objective_without_points_is_refused():
-    with pytest.raises(ValueError, match="^penalty.objective must"):
+    with pytest.raises(ValueError, match="^penalty=qc needs an objective whose training points"):
         QuasiConservative.create(NoPoints())
-    with pytest.raises(ValueError, match="^penalty.objective must"):
+    with pytest.raises(ValueError, match="^penalty=qc needs an objective whose training points"):
         QuasiConservative.create(lambda s, x, k: (0.0, {}))
 
 

@@ -223,6 +223,17 @@ def test_budgets_enlarge_one_target_only():
         ValueError, match=r"^table.budgets.gmm50d_large may set model and train only"
     ):
         tln._settings(bad)
+    bad.budgets = {"gmm50d_large": {"train": {"steps": "abc"}}}
+    with pytest.raises(ValueError, match=r"^table.budgets.gmm50d_large.train.steps must be"):
+        tln._settings(bad)
+    bad.budgets = {"gmm50d_large": {"model": {"width": 0}}}
+    with pytest.raises(ValueError, match=r"^table.budgets.gmm50d_large.model.width must be"):
+        tln._settings(bad)
+    bad = OmegaConf.load(CONFIG)
+    bad.objectives.gaussian_optimal_modes.kappa_sigma_d = "banana"
+    with pytest.raises(ValueError, match=r"^table.objectives.gaussian_optimal_modes.kappa_sigma_d"):
+        tln._settings(bad)
+    bad = OmegaConf.load(CONFIG)
     bad.budgets = {"nowhere": {"train": {"steps": 2}}}
     with pytest.raises(ValueError, match="^table.budgets: 'nowhere' has no entry"):
         tln._settings(bad)
