@@ -255,15 +255,17 @@ def test_tsm_report_tables_from_a_result(tmp_path):
     assert var["columns"][:6] == ["target", "d", "sigma", "d/sigma^2", "DSM label", "TSM label"]
     assert var["rows"][0][3] == pytest.approx(2 / 1e-6) and len(var["rows"]) == 6
     err = tabs["score_error"]
-    assert all(r[-4] == "TSM" for r in err["rows"])  # the 'best' column follows the means
+    assert all(r[-5] == "TSM" for r in err["rows"])  # the 'best' column follows the means
     assert err["rows"][0][3] == "0.001 ± 0" and "paper (expected shape)" in err["columns"]
     # the verdict: the best mixture (switch, errors in [0.1, 1]) against TSM (1e-3, sd 0),
-    # all behind EDM's network (no precond recorded); nothing behind the Fisher-scaled one
-    assert all(": TSM best (x" in r[-3] and r[-3].startswith("switch ") for r in err["rows"])
-    assert all(r[-2] == "" for r in err["rows"])
+    # all behind EDM's network (no precond recorded); nothing behind the Fisher-scaled one;
+    # across both networks, the same as behind EDM's
+    assert all(": TSM best (x" in r[-4] and r[-4].startswith("switch ") for r in err["rows"])
+    assert all(r[-3] == "" and r[-2] == r[-4] for r in err["rows"])
     summ = tabs["summary"]
     assert summ["rows"][0][2].startswith("3 / -3.00")
-    assert summ["rows"][0][-2:] == ["0 / 3 (not at sigma 0.001, 1, 10)", ""]
+    miss = "0 / 3 (not at sigma 0.001, 1, 10)"
+    assert summ["rows"][0][-3:] == [miss, "", miss]
     assert [r[1] for r in tabs["samples"]["rows"]][-2:] == [
         "exact score (reference)",
         "exact samples (reference)",
