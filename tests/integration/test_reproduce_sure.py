@@ -26,7 +26,8 @@ def test_sure_smoke(tmp_path):
     assert guard.nonnegative_divergence
     assert OmegaConf.load(run_dir / "runs/clean_seed0/config.yaml").data.noise_sigma is None
     rows = {(x["sigma_n"], x["label"]): x for x in res}
-    sure_rows = [f"SURE-Score ({k}), noisy digits" for k in ("authors", "first", "guard")]
+    variants = ("authors", "first", "guard", "first_global")
+    sure_rows = [f"SURE-Score ({k}), noisy digits" for k in variants]
     assert set(rows) == {
         (None, "DSM, clean digits (reference)"),
         *((0.5, label) for label in sure_rows),
