@@ -229,6 +229,7 @@ def select_components(
 
     Source: Mahmood et al., ICLR 2021, Sec. 4; the authors' code.
     """
+    # scikit-learn takes about 1 s to import: paid on first use only
     from sklearn.mixture import GaussianMixture
     from sklearn.model_selection import GridSearchCV, KFold
 
