@@ -250,8 +250,12 @@ def test_unconditional_path_matches_the_fixture():
     heads, with a refining stage) against ``fixtures/unconditional.npz``, written by the
     code before labels existed
     (``fixtures/make_unconditional.py``). On the machine that wrote it they agree bit for
-    bit; elsewhere XLA:CPU's code differs (its O1 and O3 differ by 2e-5 relative here),
-    hence the tolerance, far below what a change of the computation moves."""
+    bit; elsewhere XLA:CPU's code differs (its O1 and O3 differ by 2e-5 relative here), and
+    four Adam steps carry that difference into every state. Hence a normwise tolerance: each
+    array within 1e-3 of its largest magnitude. An elementwise one fails on entries that sit
+    near zero in an array of O(0.1) values (CI: 2e-6 off on -0.0022 in a head's kernel whose
+    largest entry is 0.53); the worst normwise error seen on two machines is 1.7e-4, and a
+    change of the computation moves these arrays by O(1) of their scale."""
     sys.path.insert(0, str(HERE / "fixtures"))
     try:
         from make_unconditional import runs
@@ -261,7 +265,8 @@ def test_unconditional_path_matches_the_fixture():
     got = runs()
     assert sorted(got) == sorted(want)
     for key, value in want.items():
-        np.testing.assert_allclose(got[key], value, rtol=1e-4, atol=1e-6, err_msg=key)
+        scale = float(np.max(np.abs(value))) if value.size else 0.0
+        np.testing.assert_allclose(got[key], value, rtol=0, atol=1e-3 * scale, err_msg=key)
 
 
 # --------------------------------------------------------------------------- the student
