@@ -26,7 +26,7 @@ def test_sure_smoke(tmp_path):
     assert guard.nonnegative_divergence
     assert OmegaConf.load(run_dir / "runs/clean_seed0/config.yaml").data.noise_sigma is None
     rows = {(x["sigma_n"], x["label"]): x for x in res}
-    variants = ("authors", "first", "guard", "first_global")
+    variants = ("authors", "first", "guard", "first_global", "guard_global")
     sure_rows = [f"SURE-Score ({k}), noisy digits" for k in variants]
     assert set(rows) == {
         (None, "DSM, clean digits (reference)"),
@@ -45,8 +45,9 @@ def test_sure_smoke(tmp_path):
             assert x[f"sure_{split}"] == pytest.approx(parts, abs=1e-5)
             assert x[f"mse_{split}"] > 0
         assert ("trace" in x) == label.startswith("SURE")
-    # the guard's logged divergence term is never negative
+    # the guard's logged divergence term is never negative, on either model
     assert rows[(0.5, sure_rows[2])]["trace"]["div_min"] >= 0
+    assert rows[(0.5, sure_rows[4])]["trace"]["div_min"] >= 0
     # noise at 0.5 on [-1, 1] images is told from clean digits by its pixels
     assert rows[(0.5, "noisy training digits (no model)")]["c2st_pixels_samples"] > 0.8
     summary = (run_dir / "sure_summary.md").read_text()
