@@ -115,6 +115,10 @@ def distill_config(cfg: DictConfig, process) -> distill.DistillConfig:
     return distill.DistillConfig(**kw)
 
 
+#: The ``optim`` fields of a distillation (:func:`scorelib.distill.make_optimizer`).
+OPTIM_FIELDS = ("lr", "weight_decay", "b1", "b2", "grad_clip")
+
+
 def _check_sections(cfg: DictConfig) -> None:
     for key in _fields(cfg.sampler):
         require(
@@ -128,9 +132,9 @@ def _check_sections(cfg: DictConfig) -> None:
     check_int(cfg.sampler.seed, "sampler.seed", low=0)
     for key in _fields(cfg.optim):
         require(
-            key in ("lr", "weight_decay", "b1", "b2"),
+            key in OPTIM_FIELDS,
             f"optim.{key}",
-            "one of lr, weight_decay, b1, b2",
+            f"one of {', '.join(OPTIM_FIELDS)}",
             key,
         )
     build.check_trainer(cfg.trainer)
@@ -505,7 +509,8 @@ class DistillRun(TrainedRun):
         disc_graphdef, disc_params = nnx.split(t.disc, nnx.Param)
         oc = cfg.optim
         opts = {
-            k: distill.make_optimizer(oc.lr, oc.weight_decay, oc.b1, oc.b2) for k in distill.PARTS
+            k: distill.make_optimizer(oc.lr, oc.weight_decay, oc.b1, oc.b2, oc.get("grad_clip"))
+            for k in distill.PARTS
         }
         params = {"student": t.student, "fake": t.fake, "disc": disc_params}
         state = distill.init_distill_state(params, opts, dcfg, seed)

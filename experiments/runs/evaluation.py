@@ -45,7 +45,7 @@ from scorelib.metrics import (
 )
 from scorelib.metrics.baselines import gaussian_baseline
 from scorelib.metrics.classifier import ClassifierConfig, default_cache_dir
-from scorelib.metrics.two_sample import default_classifier_for
+from scorelib.metrics.two_sample import default_classifier_for, stronger_classifier
 from scorelib.scores.gaussian_fit import fit_gaussian
 
 CLASSIFIERS = {"digits": ClassifierConfig, "mnist": mnist_subset_config}
@@ -85,10 +85,10 @@ def _stages(total: int, progress: bool):
         bar.update(total - bar.n)
 
 
-def _two_sample_rows(sets, ref, ref_feats, feats, *, seed: int) -> dict:
+def _two_sample_rows(sets, ref, ref_feats, feats, *, seed: int, strong: bool = False) -> dict:
     """C2ST accuracy and precision/recall of each named set against the reference, in
     pixels and (with ``feats``) in classifier features: ``{row: {metric: value}}`` for one
-    draw."""
+    draw; with ``strong`` also the pixel C2ST of :func:`stronger_classifier`."""
     out = {}
     # the default classifier itself from 38 per set; below, leaves that can split
     clf = default_classifier_for(ref.shape[0], seed=seed)
@@ -100,6 +100,9 @@ def _two_sample_rows(sets, ref, ref_feats, feats, *, seed: int) -> dict:
             "precision_pixels": pr_px["precision"],
             "recall_pixels": pr_px["recall"],
         }
+        if strong:
+            sx = c2st(x, ref, seed=seed, classifier=stronger_classifier(clf))
+            out[row].update(c2st_pixels_strong=sx["accuracy"], c2st_pixels_strong_se=sx["se"])
         if feats is not None:
             ft, pr_ft = (
                 c2st(feats[row], ref_feats, seed=seed, classifier=clf),
@@ -125,6 +128,7 @@ def evaluate_images(
     source=None,
     labels=None,
     progress: bool = False,
+    strong_c2st: bool = False,
 ) -> dict:
     """Every image metric of ``samples`` against the test split, each beside its floor and
     the Gaussian-fit baseline: FD, the classifier two-sample test, precision/recall,
@@ -170,6 +174,10 @@ def evaluate_images(
       source: the model's score source; ``None`` leaves bits/dim out.
       labels: ``[n]`` int class of each sample (conditional samples), or ``None``.
       progress: a tqdm bar over the stages.
+      strong_c2st: also the pixel C2ST of every row with twice the boosting iterations
+        (:func:`scorelib.metrics.stronger_classifier`): ``c2st_pixels_strong_<row>``, its
+        ``_std`` and ``_se``; a check that a verdict is not the default classifier's
+        capacity.
 
     Returns:
       dict with ``classifier`` (whether the feature metrics are there), ``fd`` (samples vs
@@ -244,7 +252,17 @@ def evaluate_images(
         stage("sliced W2")
         out.update(_sliced_w2_rows(samples, gauss, dataset, seed=seed))
         stage("two-sample tests")
-        out.update(_two_sample(samples, gauss, dataset, feats, seed=seed, draws=two_sample_draws))
+        out.update(
+            _two_sample(
+                samples,
+                gauss,
+                dataset,
+                feats,
+                seed=seed,
+                draws=two_sample_draws,
+                strong=strong_c2st,
+            )
+        )
         if labels is not None:
             stage("per-class tests")
             out.update(
@@ -409,7 +427,7 @@ def _sliced_w2_rows(samples, gauss, dataset, *, seed: int) -> dict:
     }
 
 
-def _two_sample(samples, gauss, dataset, feats, *, seed, draws) -> dict:
+def _two_sample(samples, gauss, dataset, feats, *, seed, draws, strong=False) -> dict:
     """The C2ST and precision/recall rows of :func:`evaluate_images`; ``feats``:
     ``(samples, gaussian, train, test)`` classifier features, or ``None`` (pixels only)."""
     n, m_test = samples.shape[0], dataset.test.shape[0]
@@ -427,7 +445,9 @@ def _two_sample(samples, gauss, dataset, feats, *, seed, draws) -> dict:
         feats_i = None
         if feats is not None:
             feats_i = {"samples": feats[0][sl], "floor": feats[2][tr], "gaussian": feats[1][sl]}
-        per_draw.append(_two_sample_rows(sets, ref, ref_feats, feats_i, seed=seed + i))
+        per_draw.append(
+            _two_sample_rows(sets, ref, ref_feats, feats_i, seed=seed + i, strong=strong)
+        )
     out = {"two_sample_n": int(m), "two_sample_draws": int(draws)}
     for row, metrics in per_draw[0].items():
         for metric in metrics:

@@ -40,6 +40,8 @@ from experiments.tables.common import (
     check_seeds,
     compose_config,
     given_or_trained,
+    paired_cell,
+    paired_difference,
     run_revision,
     scaled,
     seed_cell,
@@ -100,6 +102,10 @@ def _settings(cfg: DictConfig) -> DictConfig:
             )
         names.append(v.name)
         distill.check_divergence(v.divergence, f"{field}.divergence")
+    if tc.get("baseline") is not None and tc.baseline not in names:
+        raise ValueError(
+            f"table.baseline must be a student of the table ({names}) or null; got {tc.baseline!r}"
+        )
     return tc
 
 
@@ -218,20 +224,29 @@ def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
     results, figs, chosen = [], {}, {}
     for seed in map(int, tc.seeds):
         rows, trun, chosen[seed] = teacher_samples(teacher_dir, tc, seed, log)
+        train_s = {}
         for name, d, extra in students(tc):
             srun, state = student(tc, name, d, extra, seed, teacher_dir, run_dir, log)
-            x = srun.sample(state.ema_params, int(tc.samples), seed, int(tc.batch_size))
+            train_s[name] = training_seconds(run_dir / "runs" / f"{name}_seed{seed}")
             nfe = distill.generator_nfe(srun.dcfg.sigma_refine)
             label = f"student, {distill.describe(d)}" + "".join(f", {o}" for o in extra)
-            rows[(label, nfe, name)] = x
+            draws = [("", name, state.ema_params)]
+            if tc.get("raw_rows", False):  # the same student's raw (not averaged) weights
+                draws.append((", no EMA", f"{name}{RAW}", state.params["student"]))
+            for suffix, key, params in draws:
+                x = srun.sample(params, int(tc.samples), seed, int(tc.batch_size))
+                rows[(label + suffix, nfe, key)] = x
         for (label, nfe, key), x in rows.items():
             log(f"[seed {seed}] evaluating {label} ({nfe} NFE)")
-            r = evaluate_images(x, trun.data.images, "digits", seed=seed)
+            r = evaluate_images(
+                x, trun.data.images, "digits", seed=seed, strong_c2st=bool(tc.strong_c2st)
+            )
             r.update(
                 label=label,
                 nfe=nfe,
                 key=key if isinstance(key, str) else ("teacher_35" if key else None),
                 seed=seed,
+                train_s=train_s.get(key.removesuffix(RAW)) if isinstance(key, str) else None,
             )
             results.append(r)
             if seed == int(tc.seeds[0]):
@@ -240,6 +255,21 @@ def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
     fig = run_dir / "figure.png"
     make_figure(figs, fig)
     return report(results, tc, teacher_dir, fig, chosen, run_dir)
+
+
+#: The key suffix of a student's row sampled from its raw (not averaged) weights.
+RAW = "_raw"
+
+
+def training_seconds(student_dir: Path) -> float | None:
+    """The wall time of a student's training, the ``time_s`` of the last line of its
+    ``metrics.jsonl`` (the loop's clock: compilation, steps, logs and checkpoints of the
+    process that ran it; a resumed run counts from its resumption); ``None`` without one."""
+    path = Path(student_dir) / "metrics.jsonl"
+    if not path.exists():
+        return None
+    lines = [x for x in path.read_text().splitlines() if x.strip()]
+    return float(json.loads(lines[-1]).get("time_s")) if lines else None
 
 
 def teacher_note(tc, teacher_dir: Path, run_dir: Path) -> str:
@@ -318,6 +348,10 @@ def report(results: list, tc, teacher_dir: Path, fig: Path, chosen=None, run_dir
         "CIFAR-10 FID (paper)",
         "CIFAR-10 recall (paper)",
     ]
+    strong = bool(tc.get("strong_c2st", False))
+    if strong:
+        cols.insert(5, "C2ST pixels (2x boosting)")
+    cols.append("training s")
     teacher_fd = np.mean([r["fd"] for r in results if r["key"] == "teacher_35"])
     rows = []
     for label, nfe in labels:
@@ -337,6 +371,10 @@ def report(results: list, tc, teacher_dir: Path, fig: Path, chosen=None, run_dir
                 PAPER_RECALL.get(rs[0]["key"]),
             ]
         )
+        if strong:
+            rows[-1].insert(5, seed_cell(rs, "c2st_pixels_strong_samples"))
+        times = [r["train_s"] for r in rs if r.get("train_s") is not None]
+        rows[-1].append(float(np.mean(times)) if times else None)
     first = [r for r in results if r["label"] == labels[0][0]]
     rows.append(
         [
@@ -351,8 +389,11 @@ def report(results: list, tc, teacher_dir: Path, fig: Path, chosen=None, run_dir
             seed_cell(first, "mem_reference_copy_rate"),
             None,
             None,
+            None,
         ]
     )
+    if strong:
+        rows[-1].insert(5, seed_cell(first, "c2st_pixels_strong_floor"))
     n_seeds = len(tc.seeds)
     seeds = f"mean ± std over seeds {list(tc.seeds)}" if n_seeds > 1 else f"seed {tc.seeds[0]}"
     notes = [
@@ -406,19 +447,72 @@ def report(results: list, tc, teacher_dir: Path, fig: Path, chosen=None, run_dir
         rs = [r for r in results if r["key"] == v.name]
         if rs:
             notes.append(f"{rs[0]['label']} ({rs[0]['nfe']} NFE): {judged(rs)}")
+    tables = [
+        {
+            "name": "summary",
+            "caption": "f-distill students of the digits EDM teacher beside the teacher "
+            "at 35 and few NFE, and the floor of each metric.",
+            "columns": cols,
+            "rows": rows,
+        }
+    ]
+    if tc.get("baseline") is not None:
+        tables.append(paired_table(results, str(tc.baseline), strong))
     return {
         "seeds": [int(s) for s in tc.seeds],
-        "tables": [
-            {
-                "name": "summary",
-                "caption": "f-distill students of the digits EDM teacher beside the teacher "
-                "at 35 and few NFE, and the floor of each metric.",
-                "columns": cols,
-                "rows": rows,
-            }
-        ],
+        "tables": tables,
         "notes": notes,
         "figure": str(fig),
+    }
+
+
+#: The paired table's metrics: result key, column, whether lower is better.
+PAIRED_METRICS = (
+    ("c2st_pixels_samples", "ΔC2ST pixels", True),
+    ("c2st_pixels_strong_samples", "ΔC2ST pixels (2x boosting)", True),
+    ("recall_pixels_samples", "Δrecall pixels", False),
+    ("fd", "ΔFD", True),
+)
+
+
+def paired_table(results: list, baseline: str, strong: bool) -> dict:
+    """Every student row (by key) against the ``baseline`` student's row of the same seed:
+    the paired difference of each metric (:func:`paired_difference`, mean ± its standard
+    error over the seeds) and a verdict: ``better`` / ``worse`` where every metric that
+    moves beyond 2 s.e. moves that way, ``mixed`` where they disagree, else ``same``."""
+    metrics = [m for m in PAIRED_METRICS if strong or "strong" not in m[0]]
+    base = [r for r in results if r["key"] == baseline]
+    keys = [
+        k
+        for k in dict.fromkeys(r["key"] for r in results)
+        if isinstance(k, str) and k != "teacher_35"
+    ]
+    rows = []
+    for key in keys:
+        if key == baseline:
+            continue
+        rs = [r for r in results if r["key"] == key]
+        cells, signs = [], set()
+        for k, _, lower in metrics:
+            p = paired_difference(rs, base, k)
+            cells.append(paired_cell(rs, base, k))
+            if p["n"] > 1 and abs(p["mean"]) > 2 * p["se"]:
+                signs.add((p["mean"] < 0) == lower)
+        verdict = (
+            "same"
+            if not signs
+            else "mixed"
+            if len(signs) > 1
+            else ("better" if signs.pop() else "worse")
+        )
+        rows.append([rs[0]["label"], rs[0]["nfe"], *cells, verdict])
+    return {
+        "name": "paired",
+        "caption": f"Each student against the baseline student ({baseline}) of the same seed: "
+        "paired differences, mean ± s.e. over the seeds (negative ΔC2ST and ΔFD, positive "
+        "Δrecall are better); the verdict counts the metrics that move beyond 2 s.e.",
+        "columns": ["model", "NFE", *[c for _, c, _ in metrics], "verdict"],
+        "rows": rows,
     }
 
 

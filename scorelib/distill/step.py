@@ -78,6 +78,9 @@ sg = jax.lax.stop_gradient
 #: The approximate R1 penalty's input noise when ``DistillConfig.r1_noise`` is not given.
 R1_NOISE = 0.1
 
+#: What the student's EMA may count (:class:`DistillConfig` ``ema_clock``).
+EMA_CLOCKS = ("steps", "student_updates")
+
 
 @static_pytree
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +116,16 @@ class DistillConfig:
         features, as here; the paper uses 1 on CIFAR-10 and ImageNet-64 and 1.75 for SD
         v1.5 (Xu et al. 2025, Table 5). Anything but 1 needs a conditional teacher with a
         null label (:func:`make_distill_step` refuses the rest).
+      ema_clock: what the student's EMA counts (its warm-up ramp ``(1 + t) / (10 + t)`` and
+        an EDM half-life's ramp-up, :class:`scorelib.training.EMA`): ``'steps'``, ``t`` the
+        global step (the student moves on one step in ``student_every``, so at the end
+        of a run the ramp has reached ``1 - 9 / T`` for ``T`` steps, not ``1 - 9 / n`` for
+        the ``n = T / student_every`` updates it averages: ``student_every`` times the
+        window the ramp intends, e.g. half the EMA's weight on the last 256 of 800 updates
+        instead of the last 60); or ``'student_updates'``, ``t`` the number of student
+        updates before this one (``step // student_every``). The EMA moves on student
+        steps only, either way. FastGen moves its EMA every iteration (a constant 0.9999 on
+        CIFAR-10), which is ``beta ** student_every`` per update.
     """
 
     divergence: str = "kl"
@@ -131,6 +144,7 @@ class DistillConfig:
     sigma_g: float = 80.0
     sigma_refine: float | None = None
     teacher_guidance: float = 1.0
+    ema_clock: str = "steps"
 
     def __post_init__(self):
         check_divergence(self.divergence)
@@ -164,6 +178,16 @@ class DistillConfig:
                 high_open=True,
             )
         check_real(self.teacher_guidance, "distill.teacher_guidance")
+        require(
+            self.ema_clock in EMA_CLOCKS,
+            "distill.ema_clock",
+            f"one of {list(EMA_CLOCKS)}",
+            repr(self.ema_clock),
+        )
+
+    def ema_count(self, step: Array) -> Array:
+        """The EMA's step index at global step ``step`` (``ema_clock``)."""
+        return step if self.ema_clock == "steps" else step // self.student_every
 
     def draw_ve_sigma(self, u: Array) -> Array:
         """Noise levels from ``u`` in [0, 1] (same shape): rho-spaced, ``u = 0`` is sigma_max
@@ -191,15 +215,24 @@ class DistillState(TrainState):
 PARTS = ("student", "fake", "disc")
 
 
-def make_optimizer(lr: float, weight_decay: float, b1: float = 0.9, b2: float = 0.999):
+def make_optimizer(
+    lr: float,
+    weight_decay: float,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    grad_clip: float | None = None,
+):
     """The paper's optimiser of each part (Xu et al. 2025, Table 5: AdamW, lr 1e-4, weight
-    decay 0.01, no warm-up or clipping): :func:`scorelib.training.make_optimizer` with
-    ``weight_decay``.
+    decay 0.01, no warm-up): :func:`scorelib.training.make_optimizer` with ``weight_decay``,
+    and with ``grad_clip`` (> 0) the part's gradient clipped to that global norm first.
+    FastGen clips the student's at 10 (``configs/callbacks.py``), DMD2 the generator's and
+    the critic's at 10 (``main/edm/train_edm.py``); ``None``: no clipping.
 
     Raises:
-      ValueError: naming ``optim.lr``, ``optim.weight_decay``, ``optim.b1``, ``optim.b2``.
+      ValueError: naming ``optim.lr``, ``optim.weight_decay``, ``optim.b1``, ``optim.b2``,
+        ``optim.grad_clip``.
     """
-    return _training_optimizer(lr, grad_clip=None, b1=b1, b2=b2, weight_decay=weight_decay)
+    return _training_optimizer(lr, grad_clip=grad_clip, b1=b1, b2=b2, weight_decay=weight_decay)
 
 
 def init_distill_state(params: dict, optimizers: dict, cfg: DistillConfig, seed: int):
@@ -541,7 +574,7 @@ def make_distill_step(
 
         sub = {k: state.params[k] for k in parts}
         (loss, (terms, diag, means)), grads = jax.value_and_grad(loss_fn, has_aux=True)(sub)
-        beta = ema.beta(state.step)
+        beta = ema.beta(cfg.ema_count(state.step))
         new, grad_norm, finite = apply_update(
             state, loss, grads, optimizers, ema_beta=beta, ema_part="student"
         )

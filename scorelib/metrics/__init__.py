@@ -70,7 +70,7 @@ from scorelib.metrics.reconstruction import (
     ssim,
 )
 from scorelib.metrics.score_error import explained_fraction, noisy_samples, relative_score_error
-from scorelib.metrics.two_sample import c2st, default_classifier
+from scorelib.metrics.two_sample import c2st, default_classifier, stronger_classifier
 
 __all__ = [
     "cascade_errors",
@@ -98,6 +98,7 @@ __all__ = [
     "class_shares",
     "class_share_tv",
     "default_classifier",
+    "stronger_classifier",
     "dequantise",
     "default_cache_dir",
     "energy_distance",

@@ -59,6 +59,30 @@ def default_classifier_for(n: int, *, folds: int = 5, seed: int = 0):
     return clf.set_params(min_samples_leaf=min(20, max(1, n_fit // 3)))
 
 
+def stronger_classifier(classifier, factor: int = 2):
+    """A copy of a boosting classifier (:func:`default_classifier_for`) with ``factor``
+    times its boosting iterations (``max_iter``; the default's 100 -> 200), to check that
+    a C2ST's verdict is not the default classifier's capacity: a two-sample test is a lower
+    bound on how far two laws are apart, and a stronger classifier can only raise it
+    (beyond the noise of its folds).
+
+    Raises:
+      ValueError: naming ``factor`` unless it is an integer >= 1, or ``classifier`` when it
+        has no ``max_iter``.
+    """
+    # scikit-learn takes about 1 s to import: paid on first use only
+    from sklearn.base import clone
+
+    factor = check_int(factor, "factor", low=1)
+    params = classifier.get_params()
+    if "max_iter" not in params:
+        raise ValueError(
+            f"classifier must be a boosting classifier with max_iter (e.g. "
+            f"default_classifier()); got {type(classifier).__name__}"
+        )
+    return clone(classifier).set_params(max_iter=factor * int(params["max_iter"]))
+
+
 def c2st(a, b, *, folds: int = 5, seed: int = 0, classifier=None, paired: bool = False) -> dict:
     """Cross-validated accuracy of a classifier that tells ``a`` from ``b``.
 

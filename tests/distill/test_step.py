@@ -237,28 +237,43 @@ def test_the_refining_stage_is_the_network_again_at_sigma_refine():
     )
 
 
-def _one_step_student(teacher, batch, *, steps, lr, student_every=2):
-    """``(initial state, final state, metrics)`` of ``steps`` distillation steps of a fresh
-    2-D student (one hidden layer) against ``teacher`` (no network: the discriminator has
-    its own backbone)."""
+def _one_step_student(teacher, batch, *, steps, lr, student_every=2, ema_decay=0.0, **cfg_kw):
+    """``(initial samples, final samples, metrics)`` of ``steps`` distillation steps of a
+    fresh 2-D student (one hidden layer) against ``teacher`` (no network: the discriminator
+    has its own backbone); ``cfg_kw``: more :class:`DistillConfig` fields. With
+    ``ema_decay=None`` it returns the states (initial, final) instead of the samples."""
     model = MLP((2,), width=32, depth=1, emb_dim=8, rngs=nnx.Rngs(0))
     gd, p_model = nnx.split(model, nnx.Param)
     disc = distill.Discriminator(
         [(16,)], 8, MLP((2,), width=16, depth=1, emb_dim=8, rngs=nnx.Rngs(2)), rngs=nnx.Rngs(1)
     )
     gdd, p_disc = nnx.split(disc, nnx.Param)
-    cfg = distill.DistillConfig(divergence="kl", student_every=student_every, sigma_max=20.0)
+    cfg = distill.DistillConfig(
+        divergence="kl", student_every=student_every, sigma_max=20.0, **cfg_kw
+    )
     opts = {k: distill.make_optimizer(lr, 0.0) for k in distill.PARTS}
     params = {"student": p_model, "fake": p_model, "disc": p_disc}
     state0 = distill.init_distill_state(params, opts, cfg, seed=0)
     nets = distill.Networks(gd, gdd, None, 1.0)
     step = distill.make_distill_step(
-        teacher, nets, cfg, opts, EMA(batch_size=64, decay=0.0), batch, 64, (2,), jit=True
+        teacher,
+        nets,
+        cfg,
+        opts,
+        EMA(batch_size=64, decay=0.9 if ema_decay is None else ema_decay),
+        batch,
+        64,
+        (2,),
+        jit=True,
     )
     state, metrics = jax.tree.map(jnp.copy, state0), []
+    states = [jax.device_get(state0)]
     for _ in range(steps):
         state, m = step(state)
         metrics.append(jax.device_get(m))
+        states.append(jax.device_get(state))
+    if ema_decay is None:
+        return states, metrics
     z = jax.random.normal(jax.random.key(5), (512, 2))
     draw = lambda p: np.asarray(distill.generate(gd, p, z, cfg.sigma_g, 1.0))  # noqa: E731
     return draw(state0.params["student"]), draw(jax.device_get(state.params["student"])), metrics
@@ -300,3 +315,36 @@ def test_an_empirical_teacher_runs_finite_and_moves_the_student():
     assert all(m["loss_r1"] == 0.0 for m in metrics)  # R1 off: 0, student and critic steps
     assert all(np.isfinite(v) for m in metrics for v in m.values())
     assert np.isfinite(after).all() and not np.allclose(before, after)
+
+
+@pytest.mark.parametrize("clock", ["steps", "student_updates"])
+def test_the_ema_warm_up_counts_steps_or_student_updates(clock):
+    """``distill.ema_clock``: the student's EMA moves on student steps only (0, 3, 6 with
+    ``student_every=3``), with ``beta = min(0.9, (1 + t) / (10 + t))`` where ``t`` is the
+    global step (``steps``) or the number of earlier student updates (``student_updates``:
+    0, 1, 2); each update is ``beta * ema + (1 - beta) * student`` of the states before and
+    after it (an independent computation from the logged states)."""
+    from scorelib.scores import GaussianScore
+
+    mu = np.array([1.0, -1.0])
+    teacher = GaussianScore.from_covariance(EDM(), mu, np.diag([0.3, 0.1]))
+    batch = lambda i: mu + jax.random.normal(jax.random.fold_in(jax.random.key(1), i), (64, 2))  # noqa: E731
+    states, metrics = _one_step_student(
+        teacher, batch, steps=7, lr=1e-2, student_every=3, ema_decay=None, ema_clock=clock
+    )
+    for i in (0, 3, 6):
+        t = i if clock == "steps" else i // 3
+        beta = min(0.9, (1 + t) / (10 + t))
+        assert metrics[i]["ema_beta"] == pytest.approx(beta, rel=1e-6)
+        before, after = states[i], states[i + 1]
+        mix = lambda e, p, b=beta: b * e + (1 - b) * p  # noqa: E731
+        want = jax.tree.map(mix, before.ema_params, after.params["student"])
+        jax.tree.map(
+            lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+            after.ema_params,
+            want,
+        )
+    for i in (1, 2, 4, 5):  # critic steps: the EMA stays
+        assert _same(states[i + 1].ema_params, states[i].ema_params)
+    with pytest.raises(ValueError, match="distill.ema_clock must be one of"):
+        distill.DistillConfig(ema_clock="updates")

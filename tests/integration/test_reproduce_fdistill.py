@@ -2,6 +2,7 @@
 (students through experiments.distill, mode statistics, energy distance, writer, figure)."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,18 +38,35 @@ def test_fdistill_gmm_smoke(tmp_path):
 
 def test_fdistill_digits_smoke(tmp_path):
     """A tiny digits teacher trained by the table, a one-step student (the smoke scale's one
-    divergence), the teacher at a few NFE, FD and memorisation for each row, the paper's
-    column."""
+    divergence) and a variant with the ablation's options (the EMA counting student
+    updates, clipped gradients), each also sampled from its raw weights, the teacher at a
+    few NFE, FD, the stronger C2ST and memorisation for each row, the paper's column, the
+    table paired with the preset's student."""
     run_dir = tmp_path / "run"
+    variant = (
+        "table.variants=[{name: abl, divergence: kl, overrides: "
+        '["distill.ema_clock=student_updates", "optim.grad_clip=10"]}]'
+    )
     r = run_inprocess(
-        "reproduce", "table=fdistill_digits", "table.scale=smoke", f"hydra.run.dir={run_dir}"
+        "reproduce",
+        "table=fdistill_digits",
+        "table.scale=smoke",
+        variant,
+        "table.raw_rows=true",
+        "table.baseline=kl",
+        f"hydra.run.dir={run_dir}",
     )
     assert r.code == 0, r.stderr[-3000:]
     assert (run_dir / "teacher/checkpoints").is_dir()
     assert (run_dir / "runs/kl_seed0/checkpoints").is_dir()
+    abl = OmegaConf.load(run_dir / "runs/abl_seed0/config.yaml")
+    assert abl.distill.ema_clock == "student_updates" and abl.optim.grad_clip == 10
     res = json.loads((run_dir / "results.json").read_text())
-    # Heun 2 steps, DPM-Solver++ at 1 and 2 NFE, the student
-    assert [x["nfe"] for x in res] == [3, 1, 2, 1]
+    # Heun 2 steps, DPM-Solver++ at 1 and 2 NFE, two students with and without EMA
+    assert [x["nfe"] for x in res] == [3, 1, 2, 1, 1, 1, 1]
+    assert [x["key"] for x in res[3:]] == ["kl", "kl_raw", "abl", "abl_raw"]
+    assert all(x["train_s"] > 0 for x in res[3:]) and res[0]["train_s"] is None
+    assert all(0 <= x["c2st_pixels_strong_samples"] <= 1 for x in res)
     labels = [x["label"] for x in res]
     assert labels[2] in (
         "teacher, DPM-Solver++(2M), sigma_min 0.002",
@@ -60,7 +78,10 @@ def test_fdistill_digits_smoke(tmp_path):
     )
     summary = (run_dir / "fdistill_digits_summary.md").read_text()
     assert "student, forward-KL" in summary and "1.92" in summary  # the paper's FID
-    assert "| training images (floor) |" in summary and "C2ST pixels" in summary
+    assert "| training images (floor) |" in summary and "C2ST pixels (2x boosting)" in summary
+    assert "student, forward-KL, no EMA" in summary
+    paired = (run_dir / "fdistill_digits_paired.md").read_text()
+    assert "ΔC2ST pixels (2x boosting)" in paired and "distill.ema_clock=student_updates" in paired
 
 
 def test_fdistill_digits_refuses_a_teacher_of_other_data_before_compute(tmp_path):
@@ -201,3 +222,23 @@ def test_the_digits_report_means_over_seeds_a_floor_row_and_the_ordering(tmp_pat
     assert "Best student by pixel C2ST: forward-KL, pixel C2ST 0.70" in notes
     assert "pixel recall 0.805 = 1.00x the teacher's 0.805 at 35 NFE" in notes
     assert "student, forward-KL, x=1 (2 NFE): pixel C2ST 0.600 (target <= 0.65)" in notes
+
+
+def test_the_ablation_table_composes_every_student():
+    """table=fdistill_ablation: every factor's student config composes with its override
+    and builds its DistillConfig (no teacher needed), paired with the preset."""
+    from experiments.runs.distill import distill_config
+    from experiments.tables import fdistill_digits as table
+    from scorelib.processes import EDM
+
+    tc = table._settings(OmegaConf.load(CONFIG_DIR / "table/fdistill_ablation.yaml"))
+    assert tc.baseline == "kl" and tc.raw_rows and tc.strong_c2st
+    names = {}
+    for name, d, extra in table.students(tc):
+        cfg = table.student_config(tc, d, 0, Path("teacher"), extra)
+        names[name] = distill_config(cfg, EDM())
+        assert cfg.teacher.run_dir == "teacher" and cfg.distill.divergence == "kl"
+    assert names["kl"].ema_clock == "steps" and names["kl"].gan_weight == 0.2
+    together = names["together"]
+    assert together.ema_clock == "student_updates" and together.gan_weight == 1e-3
+    assert together.sigma_min == 0.05

@@ -10,7 +10,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedKFold
 
 from scorelib.data.images import load_digits, quantise
-from scorelib.metrics import c2st, default_classifier, memorisation_stats
+from scorelib.metrics import c2st, default_classifier, memorisation_stats, stronger_classifier
 from scorelib.metrics.baselines import gaussian_baseline
 
 
@@ -133,6 +133,29 @@ def test_default_classifier_is_documented_estimator():
 
     clf = default_classifier(3)
     assert isinstance(clf, HistGradientBoostingClassifier) and clf.random_state == 3
+
+
+def test_the_stronger_classifier_doubles_the_boosting_and_keeps_chance_and_bayes():
+    """Twice the default's 100 iterations, everything else the same; it still reads chance
+    on one law and stays at or below the Bayes accuracy on a mean shift (as the default)."""
+    base = default_classifier(4).set_params(min_samples_leaf=7)
+    strong = stronger_classifier(base)
+    assert strong.max_iter == 200 and base.max_iter == 100  # a copy: base unchanged
+    assert strong.min_samples_leaf == 7 and strong.random_state == 4
+    rng = np.random.default_rng(5)
+    d, n, delta = 5, 600, 1.0
+    a, b = rng.normal(size=(2, n, d))
+    same = c2st(a, b, classifier=strong)
+    assert abs(same["accuracy"] - 0.5) <= 3 * same["se"], same
+    shifted = c2st(a, b + delta / math.sqrt(d), classifier=strong)
+    bayes = norm.cdf(delta / 2)
+    assert bayes - 0.06 <= shifted["accuracy"] <= bayes + 2 * shifted["se"], (shifted, bayes)
+    from sklearn.neighbors import KNeighborsClassifier  # only this check needs it
+
+    with pytest.raises(ValueError, match="max_iter"):
+        stronger_classifier(KNeighborsClassifier())
+    with pytest.raises(ValueError, match="factor must be an integer"):
+        stronger_classifier(base, factor=0)
 
 
 def test_errors():
