@@ -19,6 +19,7 @@ The module runs the library and reports; every number comes from
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import textwrap
@@ -50,7 +51,7 @@ from scorelib import distill
 from scorelib._checks import check_real
 from scorelib._io import atomic_write_text
 from scorelib.data.images import quantise
-from scorelib.metrics import fd_features
+from scorelib.metrics import fd_features, seeds_needed
 from scorelib.metrics.classifier import ClassifierConfig, FeatureExtractor, default_cache_dir
 from scorelib.samplers import draw_samples, get_sampler, make_grid
 
@@ -333,6 +334,43 @@ def paper_ordering(values: dict[str, Sequence[float]], lower_is_better: bool) ->
     return out
 
 
+#: How the paper's CIFAR-10 gap between a divergence and reverse-KL is scaled to this table:
+#: its relative size, ``(FID_rkl - FID_d) / FID_rkl`` (recall: ``(R_d - R_rkl) / R_rkl``),
+#: times reverse-KL's mean here: of FD, of pixel recall, and of pixel C2ST's excess over
+#: chance (``C2ST - 0.5``).
+PAPER_GAP_RULE = "the paper's relative FID gap on FD and C2ST - 0.5, its recall gap on recall"
+
+
+def paper_gap_seeds(by_div: dict[str, list[dict]]) -> dict[str, dict[str, int | None]]:
+    """For each metric of :data:`ORDER_METRICS` and each divergence of
+    :data:`TEACHER_MASS` with results, the seeds per divergence that a two-sided t-test
+    (alpha 0.05, power 0.8; :func:`scorelib.metrics.seeds_needed`) needs to detect the
+    paper's gap to reverse-KL scaled to this table (:data:`PAPER_GAP_RULE`), with the
+    pooled standard deviation over seeds of the two (``ddof=1``). ``None``: the paper
+    reports no gap (or the other way round) for it. Empty without ``'rkl'`` or with one
+    seed."""
+    if "rkl" not in by_div or len(by_div["rkl"]) < 2:
+        return {}
+    out = {}
+    for key, name, _ in ORDER_METRICS:
+        base = np.array([r[key] for r in by_div["rkl"]], float)
+        per = {}
+        for d in TEACHER_MASS:
+            if d not in by_div or len(by_div[d]) < 2:
+                continue
+            if key == "recall_pixels_samples":
+                gap = (PAPER_RECALL[d] - PAPER_RECALL["rkl"]) / PAPER_RECALL["rkl"]
+                delta = gap * base.mean()
+            else:
+                gap = (PAPER_FID["rkl"] - PAPER_FID[d]) / PAPER_FID["rkl"]
+                delta = gap * (base.mean() - (0.5 if key.startswith("c2st") else 0.0))
+            other = np.array([r[key] for r in by_div[d]], float)
+            pooled = math.sqrt((base.var(ddof=1) + other.var(ddof=1)) / 2)
+            per[d] = seeds_needed(delta, pooled) if gap > 0 and pooled > 0 else None
+        out[name] = per
+    return out
+
+
 def report(results: list, tc, teacher_dir: Path, fig: Path, chosen=None, run_dir=None) -> dict:
     labels = list(dict.fromkeys((r["label"], r["nfe"]) for r in results))
     cols = [
@@ -428,6 +466,22 @@ def report(results: list, tc, teacher_dir: Path, fig: Path, chosen=None, run_dir
                     )
                     + "."
                 )
+        power = paper_gap_seeds({d: rs for d, rs in by_div.items()})
+        if power:
+            notes.append(
+                "Seeds per divergence a t-test would need to detect the paper's gap to "
+                "reverse-KL, scaled to this table (power 0.8, alpha 0.05, the spread measured "
+                f"here; {PAPER_GAP_RULE}): "
+                + "; ".join(
+                    f"{name}: "
+                    + ", ".join(
+                        f"{distill.describe(d)} {'never (no gap)' if n is None else n}"
+                        for d, n in per.items()
+                    )
+                    for name, per in power.items()
+                )
+                + "."
+            )
 
     def judged(rs):  # a student's means beside the teacher's at 35 NFE
         c2st, recall, fd = (np.mean([r[k] for r in rs]) for k in ORDER_KEYS)

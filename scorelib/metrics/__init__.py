@@ -9,7 +9,8 @@ inverse-problem reconstructions (``reconstruction.py``: PSNR, SSIM, central-inte
 of posterior draws, the posterior std map, data consistency) and of posterior draws against a
 known Gaussian posterior (``posterior.py``: W2 of the Gaussian fit, its Monte-Carlo floor, the
 per-pixel std calibration), the two modules of a cascaded denoiser (``cascade.py``) and
-perceptual distances (``perceptual.py``: LPIPS's form on a feature network's layers)."""
+perceptual distances (``perceptual.py``: LPIPS's form on a feature network's layers), and
+the power of the t-test over seeds (``power.py``: how many seeds a comparison needs)."""
 
 from scorelib.metrics.cascade import cascade_errors
 from scorelib.metrics.classifier import (
@@ -60,6 +61,7 @@ from scorelib.metrics.ood import (
     select_components,
 )
 from scorelib.metrics.posterior import gaussian_w2, gaussian_w2_floor, std_calibration
+from scorelib.metrics.power import seeds_needed, t_test_power
 from scorelib.metrics.precision_recall import knn_radii, precision_recall
 from scorelib.metrics.reconstruction import (
     calibrated_coverage,
@@ -99,6 +101,8 @@ __all__ = [
     "class_share_tv",
     "default_classifier",
     "stronger_classifier",
+    "seeds_needed",
+    "t_test_power",
     "dequantise",
     "default_cache_dir",
     "energy_distance",
