@@ -595,7 +595,8 @@ class DistillRun(TrainedRun):
 
     def fingerprint_defaults(self) -> dict:
         """A checkpoint written before a field existed had its default: no refining stage
-        (``distill.sigma_refine``), no teacher guidance (``distill.teacher_guidance``), an
+        (``distill.sigma_refine``), no teacher guidance (``distill.teacher_guidance``), the
+        student EMA's warm-up in global steps (``distill.ema_clock``), an
         unconditional model (``model.num_classes``; the other fields of the model's schema,
         :func:`experiments.runs.score.model_fingerprint_defaults`, for the kinds without a
         teacher run) and unlabelled data (``data.labels``, in the identity of the Gaussian
@@ -606,6 +607,7 @@ class DistillRun(TrainedRun):
             "model.num_classes": 0,
             "distill.sigma_refine": None,
             "distill.teacher_guidance": 1.0,
+            "distill.ema_clock": "steps",
             "data.labels": False,
         }
 

@@ -100,7 +100,7 @@ def _two_sample_rows(sets, ref, ref_feats, feats, *, seed: int, strong: bool = F
             "precision_pixels": pr_px["precision"],
             "recall_pixels": pr_px["recall"],
         }
-        if strong:
+        if strong and row != "gaussian":  # (the Gaussian baseline is told apart anyway)
             sx = c2st(x, ref, seed=seed, classifier=stronger_classifier(clf))
             out[row].update(c2st_pixels_strong=sx["accuracy"], c2st_pixels_strong_se=sx["se"])
         if feats is not None:
@@ -176,8 +176,8 @@ def evaluate_images(
       progress: a tqdm bar over the stages.
       strong_c2st: also the pixel C2ST of every row with twice the boosting iterations
         (:func:`scorelib.metrics.stronger_classifier`): ``c2st_pixels_strong_<row>``, its
-        ``_std`` and ``_se``; a check that a verdict is not the default classifier's
-        capacity.
+        ``_std`` and ``_se``, for the samples and the floor rows; a check that a verdict is
+        not the default classifier's capacity.
 
     Returns:
       dict with ``classifier`` (whether the feature metrics are there), ``fd`` (samples vs

@@ -26,6 +26,8 @@ _ABSENT = "<absent>"
 #: field's comes from the schema, :func:`schema_default`): the behaviour before the field.
 ADDED_FIELDS = {
     "distill.teacher_guidance": 1.0,  # no classifier-free guidance of the teacher
+    "distill.ema_clock": "steps",  # the student EMA's warm-up counted in global steps
+    "optim.grad_clip": None,  # no gradient clipping of the distillation's parts
     "teacher.num_classes": None,  # any teacher's classes
 }
 #: Top-level config fields that are not part of a run's identity.

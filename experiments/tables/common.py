@@ -188,6 +188,25 @@ def paired_cell(rows: Sequence[dict], base_rows: Sequence[dict], key: str) -> st
     return f"{p['mean']:+.3g} ± {p['se']:.2g}"
 
 
+def paired_verdict(differences: Sequence[dict], lower_is_better: Sequence[bool]) -> str:
+    """A verdict from :func:`paired_difference` results, one per metric: a metric *moves*
+    when its two-sided paired t-test rejects at 0.05 (``|mean| > t_{0.975, n-1} se``; 4.30
+    se at 3 seeds, 2.78 at 5); ``'better'`` / ``'worse'`` when every metric that moves
+    moves that way, ``'mixed'`` when they disagree, ``'same'`` when none moves, ``'n/a'``
+    with fewer than 2 seeds. ``lower_is_better[i]`` is the direction of metric ``i``."""
+    from scipy import stats  # scipy's import is paid by the tables that report a verdict
+
+    signs = set()
+    for p, lower in zip(differences, lower_is_better, strict=True):
+        if p["n"] < 2:
+            return "n/a"
+        if abs(p["mean"]) > stats.t.ppf(0.975, p["n"] - 1) * p["se"]:
+            signs.add((p["mean"] < 0) == lower)
+    if not signs:
+        return "same"
+    return "mixed" if len(signs) > 1 else ("better" if signs.pop() else "worse")
+
+
 def relative_path(path, run_dir) -> str:
     """``path`` relative to the table's ``run_dir`` when inside it, else as
     :func:`scorelib._io.portable_path` shows it: what committed results record (no machine

@@ -19,7 +19,6 @@ The module runs the library and reports; every number comes from
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import textwrap
@@ -43,6 +42,7 @@ from experiments.tables.common import (
     given_or_trained,
     paired_cell,
     paired_difference,
+    paired_verdict,
     run_revision,
     scaled,
     seed_cell,
@@ -51,7 +51,7 @@ from scorelib import distill
 from scorelib._checks import check_real
 from scorelib._io import atomic_write_text
 from scorelib.data.images import quantise
-from scorelib.metrics import fd_features, seeds_needed
+from scorelib.metrics import fd_features, pooled_std, seeds_needed
 from scorelib.metrics.classifier import ClassifierConfig, FeatureExtractor, default_cache_dir
 from scorelib.samplers import draw_samples, get_sampler, make_grid
 
@@ -78,6 +78,10 @@ PAPER_RECALL = {
 }
 
 
+#: The key suffix of a student's row sampled from its raw (not averaged) weights.
+RAW = "_raw"
+
+
 def _settings(cfg: DictConfig) -> DictConfig:
     tc = scaled(cfg)
     for d in tc.divergences:
@@ -96,10 +100,14 @@ def _settings(cfg: DictConfig) -> DictConfig:
             )
         if not OmegaConf.is_list(v.overrides) or not all(isinstance(o, str) for o in v.overrides):
             raise ValueError(f"{field}.overrides must be a list of overrides; got {v.overrides!r}")
-        if not re.fullmatch(r"[a-z0-9_]+", str(v.name)) or v.name in names:
+        if (
+            not re.fullmatch(r"[a-z0-9_]+", str(v.name))
+            or v.name in names
+            or str(v.name).endswith(RAW)
+        ):
             raise ValueError(
                 f"{field}.name must be a new name of lowercase letters, digits and _ (not one of "
-                f"{names}); got {v.name!r}"
+                f"{names}, not ending in {RAW}: the raw rows' suffix); got {v.name!r}"
             )
         names.append(v.name)
         distill.check_divergence(v.divergence, f"{field}.divergence")
@@ -258,19 +266,26 @@ def run(cfg: DictConfig, run_dir: Path, log=print) -> dict:
     return report(results, tc, teacher_dir, fig, chosen, run_dir)
 
 
-#: The key suffix of a student's row sampled from its raw (not averaged) weights.
-RAW = "_raw"
-
-
 def training_seconds(student_dir: Path) -> float | None:
-    """The wall time of a student's training, the ``time_s`` of the last line of its
-    ``metrics.jsonl`` (the loop's clock: compilation, steps, logs and checkpoints of the
-    process that ran it; a resumed run counts from its resumption); ``None`` without one."""
+    """The wall time of a student's training from its ``metrics.jsonl``: the loop's clock
+    ``time_s`` (compilation, steps, logs and checkpoints), which restarts at each resumption,
+    summed over the segments (the last value before each drop, and the final one). Lines
+    that do not parse (a line cut by a kill) are skipped; ``None`` without any."""
     path = Path(student_dir) / "metrics.jsonl"
     if not path.exists():
         return None
-    lines = [x for x in path.read_text().splitlines() if x.strip()]
-    return float(json.loads(lines[-1]).get("time_s")) if lines else None
+    times = []
+    for line in path.read_text().splitlines():
+        try:
+            t = json.loads(line).get("time_s")
+        except (json.JSONDecodeError, AttributeError):
+            continue
+        if t is not None:
+            times.append(float(t))
+    if not times:
+        return None
+    ends = [a for a, b in zip(times, times[1:], strict=False) if b < a]
+    return float(sum(ends) + times[-1])
 
 
 def teacher_note(tc, teacher_dir: Path, run_dir: Path) -> str:
@@ -341,14 +356,18 @@ def paper_ordering(values: dict[str, Sequence[float]], lower_is_better: bool) ->
 PAPER_GAP_RULE = "the paper's relative FID gap on FD and C2ST - 0.5, its recall gap on recall"
 
 
-def paper_gap_seeds(by_div: dict[str, list[dict]]) -> dict[str, dict[str, int | None]]:
+#: The most seeds :func:`paper_gap_seeds` looks for.
+MAX_SEEDS = 10_000
+
+
+def paper_gap_seeds(by_div: dict[str, list[dict]]) -> dict[str, dict[str, int | str]]:
     """For each metric of :data:`ORDER_METRICS` and each divergence of
     :data:`TEACHER_MASS` with results, the seeds per divergence that a two-sided t-test
     (alpha 0.05, power 0.8; :func:`scorelib.metrics.seeds_needed`) needs to detect the
     paper's gap to reverse-KL scaled to this table (:data:`PAPER_GAP_RULE`), with the
-    pooled standard deviation over seeds of the two (``ddof=1``). ``None``: the paper
-    reports no gap (or the other way round) for it. Empty without ``'rkl'`` or with one
-    seed."""
+    pooled standard deviation over seeds of the two (:func:`scorelib.metrics.pooled_std`),
+    or why there is no number: the paper reports no gap in that direction, no spread here,
+    or more than :data:`MAX_SEEDS`. Empty without ``'rkl'`` or with one seed."""
     if "rkl" not in by_div or len(by_div["rkl"]) < 2:
         return {}
     out = {}
@@ -364,9 +383,14 @@ def paper_gap_seeds(by_div: dict[str, list[dict]]) -> dict[str, dict[str, int | 
             else:
                 gap = (PAPER_FID["rkl"] - PAPER_FID[d]) / PAPER_FID["rkl"]
                 delta = gap * (base.mean() - (0.5 if key.startswith("c2st") else 0.0))
-            other = np.array([r[key] for r in by_div[d]], float)
-            pooled = math.sqrt((base.var(ddof=1) + other.var(ddof=1)) / 2)
-            per[d] = seeds_needed(delta, pooled) if gap > 0 and pooled > 0 else None
+            pooled = pooled_std(base, [r[key] for r in by_div[d]])
+            if gap <= 0:
+                per[d] = "no gap in the paper"
+            elif pooled == 0:
+                per[d] = "2 (no spread here)"
+            else:
+                n = seeds_needed(delta, pooled, max_n=MAX_SEEDS)
+                per[d] = f"more than {MAX_SEEDS}" if n is None else n
         out[name] = per
     return out
 
@@ -386,7 +410,7 @@ def report(results: list, tc, teacher_dir: Path, fig: Path, chosen=None, run_dir
         "CIFAR-10 FID (paper)",
         "CIFAR-10 recall (paper)",
     ]
-    strong = bool(tc.get("strong_c2st", False))
+    strong = all("c2st_pixels_strong_samples" in r for r in results)
     if strong:
         cols.insert(5, "C2ST pixels (2x boosting)")
     cols.append("training s")
@@ -439,15 +463,19 @@ def report(results: list, tc, teacher_dir: Path, fig: Path, chosen=None, run_dir
         f"experiment=fdistill_digits trainer.seed=<seed>` with the overrides "
         f"{list(tc.overrides)}; {seeds} "
         "(a student per seed; every row sampled with the seed).",
-        "Few-step teacher rows: DPM-Solver++(2M) on the EDM grid (rho 7, sigma_max 80, a "
-        "final step to 0) whose lowest positive level is the best by FD of "
-        f"{list(tc.few_step_sigma_min)} (chosen per seed: {chosen}); with 0.002 the 2-step "
-        "grid [80, 0.002, 0] is the 1-step sampler again.",
         f"{tc.samples} samples per row, quantised to the data's grey levels; FD in the "
         "bundled digits classifier's features against the test split; C2ST (5-fold, 0.5 = "
         "indistinguishable) and k-NN recall (k = 3) of slices of the test split's size "
         "against it; the floor row: draws of as many training images.",
     ]
+    if tc.few_step_nfe:
+        notes.insert(
+            1,
+            "Few-step teacher rows: DPM-Solver++(2M) on the EDM grid (rho 7, sigma_max 80, a "
+            "final step to 0) whose lowest positive level is the best by FD of "
+            f"{list(tc.few_step_sigma_min)} (chosen per seed: {chosen}); with 0.002 the 2-step "
+            "grid [80, 0.002, 0] is the 1-step sampler again.",
+        )
     by_div = {}
     for r in results:
         if isinstance(r["key"], str) and r["key"] in distill.DIVERGENCES:
@@ -473,11 +501,7 @@ def report(results: list, tc, teacher_dir: Path, fig: Path, chosen=None, run_dir
                 "reverse-KL, scaled to this table (power 0.8, alpha 0.05, the spread measured "
                 f"here; {PAPER_GAP_RULE}): "
                 + "; ".join(
-                    f"{name}: "
-                    + ", ".join(
-                        f"{distill.describe(d)} {'never (no gap)' if n is None else n}"
-                        for d, n in per.items()
-                    )
+                    f"{name}: " + ", ".join(f"{distill.describe(d)} {n}" for d, n in per.items())
                     for name, per in power.items()
                 )
                 + "."
@@ -533,7 +557,9 @@ def paired_table(results: list, baseline: str, strong: bool) -> dict:
     """Every student row (by key) against the ``baseline`` student's row of the same seed:
     the paired difference of each metric (:func:`paired_difference`, mean ± its standard
     error over the seeds) and a verdict: ``better`` / ``worse`` where every metric that
-    moves beyond 2 s.e. moves that way, ``mixed`` where they disagree, else ``same``."""
+    moves significantly moves that way (:func:`experiments.tables.common.paired_verdict`: a
+    paired t-test per metric at 0.05), ``mixed`` where they disagree, else ``same``;
+    ``n/a`` with one seed."""
     metrics = [m for m in PAIRED_METRICS if strong or "strong" not in m[0]]
     base = [r for r in results if r["key"] == baseline]
     keys = [
@@ -546,25 +572,15 @@ def paired_table(results: list, baseline: str, strong: bool) -> dict:
         if key == baseline:
             continue
         rs = [r for r in results if r["key"] == key]
-        cells, signs = [], set()
-        for k, _, lower in metrics:
-            p = paired_difference(rs, base, k)
-            cells.append(paired_cell(rs, base, k))
-            if p["n"] > 1 and abs(p["mean"]) > 2 * p["se"]:
-                signs.add((p["mean"] < 0) == lower)
-        verdict = (
-            "same"
-            if not signs
-            else "mixed"
-            if len(signs) > 1
-            else ("better" if signs.pop() else "worse")
-        )
+        diffs = [paired_difference(rs, base, k) for k, _, _ in metrics]
+        verdict = paired_verdict(diffs, [lower for _, _, lower in metrics])
+        cells = [paired_cell(rs, base, k) for k, _, _ in metrics]
         rows.append([rs[0]["label"], rs[0]["nfe"], *cells, verdict])
     return {
         "name": "paired",
         "caption": f"Each student against the baseline student ({baseline}) of the same seed: "
         "paired differences, mean ± s.e. over the seeds (negative ΔC2ST and ΔFD, positive "
-        "Δrecall are better); the verdict counts the metrics that move beyond 2 s.e.",
+        "Δrecall are better); the verdict counts the metrics whose paired t-test rejects at 0.05.",
         "columns": ["model", "NFE", *[c for _, c, _ in metrics], "verdict"],
         "rows": rows,
     }

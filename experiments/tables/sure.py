@@ -41,7 +41,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.build import NOISE_SEED
 from experiments.runs.evaluation import evaluate_images
-from experiments.tables.common import check_seeds, paired_cell, paired_difference, pm, scaled
+from experiments.tables.common import (
+    check_seeds,
+    paired_cell,
+    paired_difference,
+    paired_verdict,
+    pm,
+    scaled,
+)
 from experiments.tables.digits_models import (
     CELLS_NOTE,
     FLOOR_KEYS,
@@ -205,6 +212,8 @@ PAIRED_METRICS = (
     ("fd", "ΔFD", True),
     ("mse_held_out", "Δtrue error of the denoiser, held-out", True),
 )
+#: The metrics the verdict reads: the samples' (the denoiser's error is shown beside them).
+SAMPLE_KEYS = ("c2st_pixels_samples", "recall_pixels_samples")
 PAIRED_COLUMNS = [
     "sigma_n (data units)",
     "SURE-Score variant",
@@ -216,9 +225,9 @@ PAIRED_COLUMNS = [
 def paired_rows(results: list) -> list:
     """One row per noise level and SURE-Score variant: its paired differences from DSM on
     the same noisy digits and seed (:func:`experiments.tables.common.paired_difference`),
-    and a verdict on the samples: ``better`` / ``worse`` where pixel C2ST and recall both
-    move beyond 2 s.e. that way (or one does and the other does not move), ``mixed``
-    where they disagree, ``same`` where neither moves. Needs 2 seeds or more."""
+    and a verdict on the samples by pixel C2ST and recall
+    (:func:`experiments.tables.common.paired_verdict`: a paired t-test per metric at 0.05).
+    Rows need 2 seeds or more."""
     rows = []
     levels = sorted({r["sigma_n"] for r in results if r.get("sigma_n") is not None})
     for s in levels:
@@ -230,20 +239,11 @@ def paired_rows(results: list) -> list:
             rs = [r for r in results if (r["sigma_n"], r["label"]) == (s, label)]
             if len(rs) < 2 or not base:
                 continue
-            cells_, signs = [], set()
-            for k, _, lower in PAIRED_METRICS:
-                p = paired_difference(rs, base, k)
-                cells_.append(paired_cell(rs, base, k))
-                if k in ("c2st_pixels_samples", "recall_pixels_samples"):
-                    if abs(p["mean"]) > 2 * p["se"]:
-                        signs.add((p["mean"] < 0) == lower)
-            verdict = (
-                "same"
-                if not signs
-                else "mixed"
-                if len(signs) > 1
-                else ("better" if signs.pop() else "worse")
+            judged = [(k, lower) for k, _, lower in PAIRED_METRICS if k in SAMPLE_KEYS]
+            verdict = paired_verdict(
+                [paired_difference(rs, base, k) for k, _ in judged], [lower for _, lower in judged]
             )
+            cells_ = [paired_cell(rs, base, k) for k, _, _ in PAIRED_METRICS]
             rows.append([s, label, *cells_, verdict])
     return rows
 

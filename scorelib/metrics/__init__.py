@@ -61,7 +61,7 @@ from scorelib.metrics.ood import (
     select_components,
 )
 from scorelib.metrics.posterior import gaussian_w2, gaussian_w2_floor, std_calibration
-from scorelib.metrics.power import seeds_needed, t_test_power
+from scorelib.metrics.power import pooled_std, seeds_needed, t_test_power
 from scorelib.metrics.precision_recall import knn_radii, precision_recall
 from scorelib.metrics.reconstruction import (
     calibrated_coverage,
@@ -101,6 +101,7 @@ __all__ = [
     "class_share_tv",
     "default_classifier",
     "stronger_classifier",
+    "pooled_std",
     "seeds_needed",
     "t_test_power",
     "dequantise",

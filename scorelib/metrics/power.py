@@ -19,9 +19,28 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from scipy import stats
 
 from scorelib._checks import check_int, check_real
+
+
+def pooled_std(a, b) -> float:
+    """The pooled standard deviation of two samples of one value per seed,
+    ``sqrt(((n_a - 1) s_a^2 + (n_b - 1) s_b^2) / (n_a + n_b - 2))`` with ``s`` the sample
+    standard deviations (``ddof=1``): the ``std`` of :func:`t_test_power` estimated from a
+    table's seeds.
+
+    Raises:
+      ValueError: unless both hold 2 values or more, all finite.
+    """
+    a, b = np.asarray(a, float).ravel(), np.asarray(b, float).ravel()
+    if min(a.size, b.size) < 2 or not (np.isfinite(a).all() and np.isfinite(b).all()):
+        raise ValueError(
+            f"a and b must hold 2 finite values or more each; got {a.size} and {b.size}"
+        )
+    ss = (a.size - 1) * a.var(ddof=1) + (b.size - 1) * b.var(ddof=1)
+    return math.sqrt(ss / (a.size + b.size - 2))
 
 
 def t_test_power(difference: float, std: float, n: int, *, alpha: float = 0.05) -> float:
@@ -59,8 +78,9 @@ def seeds_needed(
     level ``alpha`` detects a true difference ``difference`` with probability ``power``,
     given a common standard deviation ``std`` over seeds (:func:`t_test_power`).
 
-    Cohen's (1988) table: effect size ``difference / std`` 0.2, 0.5, 0.8 at alpha 0.05 and
-    power 0.8 need 394, 64 and 26 per group.
+    Effect size ``difference / std`` 0.2, 0.5, 0.8 at alpha 0.05 and power 0.8 need 394,
+    64 and 26 per group (G*Power's exact values; Cohen's 1988 Table 2.4.1, from an
+    approximation, prints 393, 64, 26).
 
     Returns:
       ``n >= 2``, or ``None`` when even ``max_n`` is not enough (e.g. ``difference = 0``).

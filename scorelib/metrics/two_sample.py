@@ -61,10 +61,12 @@ def default_classifier_for(n: int, *, folds: int = 5, seed: int = 0):
 
 def stronger_classifier(classifier, factor: int = 2):
     """A copy of a boosting classifier (:func:`default_classifier_for`) with ``factor``
-    times its boosting iterations (``max_iter``; the default's 100 -> 200), to check that
-    a C2ST's verdict is not the default classifier's capacity: a two-sample test is a lower
-    bound on how far two laws are apart, and a stronger classifier can only raise it
-    (beyond the noise of its folds).
+    times its boosting iterations (``max_iter``; the default's 100 -> 200) and no early
+    stopping (scikit-learn's ``'auto'`` turns it on above 10,000 examples, which would make
+    ``max_iter`` a cap only), to check that a C2ST's verdict is not the default
+    classifier's capacity: a two-sample test's accuracy is a lower bound on how far apart
+    two laws are, so a classifier that finds more raises it. More iterations can also
+    overfit the training folds and lower it; read the two side by side.
 
     Raises:
       ValueError: naming ``factor`` unless it is an integer >= 1, or ``classifier`` when it
@@ -80,7 +82,8 @@ def stronger_classifier(classifier, factor: int = 2):
             f"classifier must be a boosting classifier with max_iter (e.g. "
             f"default_classifier()); got {type(classifier).__name__}"
         )
-    return clone(classifier).set_params(max_iter=factor * int(params["max_iter"]))
+    out = clone(classifier).set_params(max_iter=factor * int(params["max_iter"]))
+    return out.set_params(early_stopping=False) if "early_stopping" in params else out
 
 
 def c2st(a, b, *, folds: int = 5, seed: int = 0, classifier=None, paired: bool = False) -> dict:

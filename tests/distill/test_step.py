@@ -241,7 +241,8 @@ def _one_step_student(teacher, batch, *, steps, lr, student_every=2, ema_decay=0
     """``(initial samples, final samples, metrics)`` of ``steps`` distillation steps of a
     fresh 2-D student (one hidden layer) against ``teacher`` (no network: the discriminator
     has its own backbone); ``cfg_kw``: more :class:`DistillConfig` fields. With
-    ``ema_decay=None`` it returns the states (initial, final) instead of the samples."""
+    ``ema_decay=None`` (an EMA of decay 0.9) it returns ``(states, metrics)``, every state
+    from the initial one on, instead."""
     model = MLP((2,), width=32, depth=1, emb_dim=8, rngs=nnx.Rngs(0))
     gd, p_model = nnx.split(model, nnx.Param)
     disc = distill.Discriminator(
@@ -324,7 +325,7 @@ def test_the_ema_warm_up_counts_steps_or_student_updates(clock):
     global step (``steps``) or the number of earlier student updates (``student_updates``:
     0, 1, 2); each update is ``beta * ema + (1 - beta) * student`` of the states before and
     after it (an independent computation from the logged states)."""
-    from scorelib.scores import GaussianScore
+    from scorelib.scores import GaussianScore  # as the tests above: this test's teacher
 
     mu = np.array([1.0, -1.0])
     teacher = GaussianScore.from_covariance(EDM(), mu, np.diag([0.3, 0.1]))

@@ -145,3 +145,30 @@ def test_a_distillation_written_before_conditioning_is_the_same_run(tmp_path):
     check_same_run(tmp_path, cfg)
     with pytest.raises(ValueError, match="teacher.num_classes: run '<absent>', this command 10"):
         check_same_run(tmp_path, guided)
+
+
+def test_a_distillation_written_before_the_ema_clock_and_clipping_is_the_same_run(tmp_path):
+    """A run whose config.yaml predates distill.ema_clock and optim.grad_clip is the same
+    run while they hold the old behaviour (steps, null); either changed is another run."""
+    from hydra import compose, initialize_config_dir  # this test alone composes configs
+    from omegaconf import OmegaConf
+
+    from experiments.common import CONFIG_DIR
+    from experiments.runs.identity import check_same_run
+    from experiments.schema import register_configs
+
+    register_configs()
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("distill", overrides=["experiment=fdistill_digits"])
+        keyed = compose(
+            "distill", overrides=["experiment=fdistill_digits", "distill.ema_clock=student_updates"]
+        )
+        clipped = compose("distill", overrides=["experiment=fdistill_digits", "optim.grad_clip=10"])
+    old = OmegaConf.to_container(cfg, resolve=True)
+    del old["distill"]["ema_clock"], old["optim"]["grad_clip"]
+    OmegaConf.save(OmegaConf.create(old), tmp_path / "config.yaml")
+    check_same_run(tmp_path, cfg)
+    with pytest.raises(ValueError, match="distill.ema_clock: run '<absent>', this command"):
+        check_same_run(tmp_path, keyed)
+    with pytest.raises(ValueError, match="optim.grad_clip: run '<absent>', this command 10"):
+        check_same_run(tmp_path, clipped)

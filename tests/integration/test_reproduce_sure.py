@@ -126,36 +126,3 @@ def test_sure_refuses_bad_settings_in_one_line(tmp_path, override, needle):
 )
 def test_sure_reconstruct_refuses_bad_settings_in_one_line(tmp_path, override, needle):
     assert_table_refused(tmp_path, "sure_reconstruct", override, needle)
-
-
-def test_the_paired_rows_against_dsm_on_the_noisy_digits():
-    """``paired_rows``: each SURE variant minus DSM on the noisy digits of the same seed,
-    mean ± s.e. (ddof 1) over 3 seeds, and the samples' verdict (C2ST and recall)."""
-    from experiments.tables.sure import DSM_NOISY, paired_rows
-
-    def row(label, seed, c2st, recall, mse=0.1, sigma_n=0.5):
-        return {
-            "sigma_n": sigma_n,
-            "label": label,
-            "seed": seed,
-            "c2st_pixels_samples": c2st,
-            "recall_pixels_samples": recall,
-            "fd": 10.0,
-            "mse_held_out": mse,
-        }
-
-    results = [row("DSM, clean digits (reference)", s, 0.7, 0.9, sigma_n=None) for s in range(3)]
-    for s in range(3):
-        results += [
-            row(DSM_NOISY, s, 0.99 - 0.001 * s, 0.98),
-            row("SURE-Score (a), noisy digits", s, 0.85 + 0.002 * s, 0.80, mse=0.07),
-            row("SURE-Score (b), noisy digits", s, 0.99 + 0.001 * (s - 1), 0.97 - 0.001 * s),
-        ]
-    rows = {r[1]: r for r in paired_rows(results)}
-    assert set(rows) == {"SURE-Score (a), noisy digits", "SURE-Score (b), noisy digits"}
-    a = rows["SURE-Score (a), noisy digits"]
-    d = np.array([0.85 + 0.002 * s - (0.99 - 0.001 * s) for s in range(3)])
-    assert a[0] == 0.5 and a[2] == f"{d.mean():+.3g} ± {d.std(ddof=1) / np.sqrt(3):.2g}"
-    assert a[5] == "-0.03 ± 0" and a[-1] == "mixed"  # C2ST better, recall worse
-    assert rows["SURE-Score (b), noisy digits"][-1] == "worse"  # recall falls, C2ST the same
-    assert paired_rows([r for r in results if r["seed"] == 0]) == []  # one seed: no rows

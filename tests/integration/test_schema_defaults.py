@@ -92,6 +92,10 @@ def test_a_distillation_checkpoint_without_sigma_refine_stands_for_no_refining_s
     for key, value in distill_keys.items():
         name = key.removeprefix("distill.")
         assert library[name] == yaml[name] == value, key
-    assert distill_keys == {"distill.sigma_refine": None, "distill.teacher_guidance": 1.0}
+    assert distill_keys == {
+        "distill.sigma_refine": None,
+        "distill.teacher_guidance": 1.0,
+        "distill.ema_clock": "steps",
+    }
     # fields added with conditioning: an unconditional model of unlabelled data
     assert defaults["model.num_classes"] == 0 and defaults["data.labels"] is False

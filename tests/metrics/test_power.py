@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from scorelib.metrics import seeds_needed, t_test_power
+from scorelib.metrics import pooled_std, seeds_needed, t_test_power
 
 
 @pytest.mark.parametrize("effect, n", [(0.2, 394), (0.5, 64), (0.8, 26), (1.2, 12)])
 def test_seeds_needed_is_cohens_table(effect, n):
-    """Cohen (1988), Table 2.4.1 (two-sided, alpha 0.05, power 0.8); 1.2: G*Power's 12."""
+    """G*Power's exact sample sizes (two-sided, alpha 0.05, power 0.8; Cohen's 1988 Table
+    2.4.1 prints 393 for 0.2 from an approximation)."""
     assert seeds_needed(effect * 3.0, 3.0) == n
     # the smallest such n: one fewer falls short
     assert t_test_power(effect * 3.0, 3.0, n) >= 0.8 > t_test_power(effect * 3.0, 3.0, n - 1)
@@ -43,3 +44,13 @@ def test_no_difference_is_never_enough_and_bad_input_is_named():
         t_test_power(1.0, 1.0, 1)
     with pytest.raises(ValueError, match="power must be"):
         seeds_needed(1.0, 1.0, power=1.0)
+
+
+def test_pooled_std_is_the_two_sample_t_tests():
+    """Against scipy's pooled t statistic: t = (mean a - mean b) / (s_p sqrt(1/n_a + 1/n_b))."""
+    a, b = [1.0, 2.0, 4.0], [3.0, 3.5, 6.0, 7.5]
+    t = stats.ttest_ind(a, b).statistic
+    s_p = pooled_std(a, b)
+    assert t == pytest.approx((np.mean(a) - np.mean(b)) / (s_p * math.sqrt(1 / 3 + 1 / 4)))
+    with pytest.raises(ValueError, match="2 finite values or more"):
+        pooled_std([1.0], b)

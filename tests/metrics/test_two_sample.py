@@ -142,6 +142,7 @@ def test_the_stronger_classifier_doubles_the_boosting_and_keeps_chance_and_bayes
     strong = stronger_classifier(base)
     assert strong.max_iter == 200 and base.max_iter == 100  # a copy: base unchanged
     assert strong.min_samples_leaf == 7 and strong.random_state == 4
+    assert strong.early_stopping is False  # all 200 iterations at any size
     rng = np.random.default_rng(5)
     d, n, delta = 5, 600, 1.0
     a, b = rng.normal(size=(2, n, d))
