@@ -12,7 +12,8 @@ run with ``table.overrides`` (same network, optimizer, steps, sampler) and ``tra
 from ``table.seeds``:
 
 * SURE-Score on the noisy digits, one row per variant of ``table.sure`` (``objective=sure``
-  with the authors' loss, with this table's first recipe, with the guard);
+  with the authors' loss, with this table's first recipe, with the guard, and both recipes
+  on the whole-image denoiser);
 * DSM (the EDM loss, ``objective=edm``) on the same noisy digits: a model of the noisy data;
 * DSM on the clean digits (one run, shown once): what a clean data set allows.
 
