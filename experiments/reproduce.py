@@ -42,7 +42,7 @@ def require_table(cfg: DictConfig) -> DictConfig:
     """``cfg.table``, or a ``ValueError`` saying ``table=`` is required and listing the names."""
     table = cfg.get("table")
     if table is None:
-        raise ValueError(f"table= is required; choose one of {table_names()}")
+        raise ValueError(f"table= is required; choose one of: {', '.join(table_names())}")
     return table
 
 
